@@ -1,0 +1,113 @@
+"""The dispatcher's settings: one namespaced dict, ``settings.DISPATCH``.
+
+Read lazily through ``dispatch_settings()`` so ``override_settings`` works in
+tests. Every key has a documented default (README, "Settings"); a bad value is a
+clear ``ImproperlyConfigured`` naming the key, raised at start-up by the app's
+system check and by every command that reads it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+# Versioned so the SQL trigger and the listener can evolve together.
+NOTIFY_CHANNEL = "productflow_dispatch_v1"
+
+
+@dataclass(frozen=True)
+class _Spec:
+    default: Any
+    kind: type
+    minimum: float | None = None
+    maximum: float | None = None
+    doc: str = ""
+
+
+SPECS: dict[str, _Spec] = {
+    "BATCH_SIZE": _Spec(100, int, 1, 10_000, "envelopes claimed per dispatch batch"),
+    "SEND_CONCURRENCY": _Spec(4, int, 1, 256, "sends in flight at once (threads)"),
+    "SEND_CHUNK_SIZE": _Spec(50, int, 1, 10_000, "envelopes per Redis pipeline in one send"),
+    "POLL_INTERVAL": _Spec(1.0, float, 0.01, 3600, "fallback tick in seconds when no NOTIFY arrives"),
+    "LEASE_SECONDS": _Spec(30.0, float, 1, 86_400, "visibility timeout of a claimed envelope"),
+    "MAX_SEND_ATTEMPTS": _Spec(8, int, 1, 1000, "failed sends before an envelope is dead"),
+    "SEND_BACKOFF_BASE": _Spec(1.0, float, 0, 3600, "first retry delay after a failed send (s), doubled each time"),
+    "SEND_BACKOFF_MAX": _Spec(300.0, float, 0, 86_400, "cap of the retry delay (s)"),
+    "SHUTDOWN_DEADLINE": _Spec(10.0, float, 0.1, 3600, "seconds to finish in-flight work on SIGTERM"),
+    "LISTEN_TIMEOUT": _Spec(5.0, float, 0.05, 3600, "listener wait before it pings the idle connection (s)"),
+    "RECONNECT_BACKOFF_MAX": _Spec(30.0, float, 0.01, 3600, "cap of the listener/loop reconnect backoff (s)"),
+    "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
+    "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
+    "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
+    "PROVIDER_LATENCY_MS": _Spec(0.0, float, 0, 600_000, "the local provider's simulated latency"),
+    "PROVIDER_FAILURE_RATE": _Spec(0.0, float, 0, 1, "the local provider's share of failed calls"),
+    "RECOVERY": _Spec({}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}}"),
+}
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    BATCH_SIZE: int
+    SEND_CONCURRENCY: int
+    SEND_CHUNK_SIZE: int
+    POLL_INTERVAL: float
+    LEASE_SECONDS: float
+    MAX_SEND_ATTEMPTS: int
+    SEND_BACKOFF_BASE: float
+    SEND_BACKOFF_MAX: float
+    SHUTDOWN_DEADLINE: float
+    LISTEN_TIMEOUT: float
+    RECONNECT_BACKOFF_MAX: float
+    PAYLOAD_MAX_BYTES: int
+    RQ_JOB_TIMEOUT: int
+    RQ_RESULT_TTL: int
+    PROVIDER_LATENCY_MS: float
+    PROVIDER_FAILURE_RATE: float
+    RECOVERY: dict
+
+
+def _coerce(key: str, value: Any, spec: _Spec) -> Any:
+    where = f"DISPATCH[{key!r}]"
+    if spec.kind is dict:
+        if not isinstance(value, dict):
+            raise ImproperlyConfigured(f"{where} must be a dict, got {type(value).__name__}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
+    if spec.kind is int and int(value) != value:
+        raise ImproperlyConfigured(f"{where} must be a whole number, got {value!r}")
+    value = spec.kind(value)
+    if spec.minimum is not None and value < spec.minimum:
+        raise ImproperlyConfigured(f"{where} must be >= {spec.minimum}, got {value!r}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise ImproperlyConfigured(f"{where} must be <= {spec.maximum}, got {value!r}")
+    return value
+
+
+def validate(raw: dict | None) -> DispatchSettings:
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(f"DISPATCH must be a dict, got {type(raw).__name__}")
+    for key in raw:
+        if key not in SPECS:
+            close = difflib.get_close_matches(str(key), SPECS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(SPECS)}"
+            raise ImproperlyConfigured(f"DISPATCH[{key!r}] is not a setting{hint}")
+    values = {key: _coerce(key, raw.get(key, spec.default), spec) for key, spec in SPECS.items()}
+    if values["SEND_BACKOFF_MAX"] < values["SEND_BACKOFF_BASE"]:
+        raise ImproperlyConfigured("DISPATCH['SEND_BACKOFF_MAX'] must be >= DISPATCH['SEND_BACKOFF_BASE']")
+    return DispatchSettings(**values)
+
+
+def dispatch_settings(**overrides: Any) -> DispatchSettings:
+    """The validated settings, with command-line overrides applied on top."""
+    raw = dict(getattr(settings, "DISPATCH", {}) or {})
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return validate(raw)
+
+
+assert {f.name for f in fields(DispatchSettings)} == set(SPECS)

@@ -1,0 +1,167 @@
+"""The outbox's SQL: claim a batch with a lease, then record what the send did.
+
+Each function is one short transaction (or one statement in autocommit), so no
+lock outlives a round trip. Every result write is a compare-and-set on the
+lease token: a dispatcher whose lease expired cannot overwrite its successor.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+ENVELOPE = "dispatch_app_dispatchenvelope"
+JOB = "dispatch_app_job"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    envelope_id: int
+    job_id: int
+    attempt: int
+    domain: str
+    queue: str
+    send_attempts: int
+    first_send: bool  # never claimed before: only a NOTIFY or a tick can have announced it
+
+
+@dataclass(frozen=True)
+class Claim:
+    token: uuid.UUID
+    envelopes: list[Claimed]
+
+
+# SKIP LOCKED: rows held by another transaction (a peer's claim, an operator's
+# long transaction) are passed over instead of waited for. The lease pushes
+# available_at forward, so a dispatcher that dies after claiming gives its rows
+# back by itself when the lease runs out.
+CLAIM_SQL = f"""
+WITH picked AS (
+    SELECT id FROM {ENVELOPE}
+    WHERE status = 'pending' AND available_at <= clock_timestamp()
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {ENVELOPE} e
+SET available_at = clock_timestamp() + make_interval(secs => %(lease)s),
+    lease_token = %(token)s,
+    send_attempts = e.send_attempts + 1
+FROM picked
+WHERE e.id = picked.id
+RETURNING e.id, e.job_id, e.attempt, e.domain, e.queue, e.send_attempts, e.send_attempts = 1
+"""
+
+
+def claim_batch(limit: int, lease_seconds: float, *, locking: str = "FOR UPDATE SKIP LOCKED") -> Claim:
+    token = uuid.uuid4()
+    sql = CLAIM_SQL if locking == "FOR UPDATE SKIP LOCKED" else CLAIM_SQL.replace("FOR UPDATE SKIP LOCKED", locking)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token})
+        rows = cursor.fetchall()
+    # RETURNING order is not guaranteed; the send order should follow the claim order.
+    rows.sort(key=lambda r: r[0])
+    return Claim(token, [Claimed(*row) for row in rows])
+
+
+MARK_DISPATCHED_SQL = f"""
+WITH marked AS (
+    UPDATE {ENVELOPE}
+    SET status = 'dispatched', dispatched_at = clock_timestamp(), lease_token = NULL, last_error = ''
+    WHERE id = ANY(%(ids)s) AND lease_token = %(token)s AND status = 'pending'
+    RETURNING job_id, attempt
+), jobs AS (
+    -- Never backwards: a worker may already have started (or finished) the job.
+    UPDATE {JOB} j
+    SET status = CASE WHEN j.status = 'submitted' THEN 'queued' ELSE j.status END,
+        dispatched_at = COALESCE(j.dispatched_at, clock_timestamp())
+    FROM marked m
+    WHERE j.id = m.job_id AND j.attempt = m.attempt
+      AND (j.status = 'submitted' OR j.dispatched_at IS NULL)
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM marked)
+"""
+
+
+def mark_dispatched(envelope_ids: list[int], token: uuid.UUID) -> int:
+    """Returns how many envelopes this lease still held and now marked."""
+    if not envelope_ids:
+        return 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token})
+        return cursor.fetchone()[0]
+
+
+MARK_FAILED_SQL = f"""
+WITH failed AS (
+    UPDATE {ENVELOPE} e
+    SET lease_token = NULL,
+        last_error = left(%(error)s, 2000),
+        status = CASE WHEN %(permanent)s OR e.send_attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+        available_at = clock_timestamp() + make_interval(
+            secs => LEAST(%(base)s * power(2, GREATEST(e.send_attempts - 1, 0)), %(cap)s))
+    WHERE e.id = ANY(%(ids)s) AND e.lease_token = %(token)s AND e.status = 'pending'
+    RETURNING e.id, e.job_id, e.attempt, e.status, e.send_attempts
+), dead_jobs AS (
+    UPDATE {JOB} j
+    SET status = 'failed', finished_at = clock_timestamp(),
+        error = 'dispatch failed: ' || left(%(error)s, 2000)
+    FROM failed f
+    WHERE f.status = 'dead' AND j.id = f.job_id AND j.attempt = f.attempt AND j.status = 'submitted'
+    RETURNING j.id
+), events AS (
+    INSERT INTO dispatch_app_jobevent (job_id, attempt, kind, reason, data, at)
+    SELECT f.job_id, f.attempt, CASE WHEN f.status = 'dead' THEN 'envelope_dead' ELSE 'send_failed' END,
+           left(%(error)s, 2000), jsonb_build_object('envelope_id', f.id, 'send_attempts', f.send_attempts),
+           clock_timestamp()
+    FROM failed f
+    RETURNING 1
+)
+SELECT f.id, f.status FROM failed f
+"""
+
+
+def mark_failed(
+    envelope_ids: list[int],
+    token: uuid.UUID,
+    error: str,
+    *,
+    permanent: bool,
+    max_attempts: int,
+    backoff_base: float,
+    backoff_cap: float,
+) -> dict[int, str]:
+    """Back off (or dead-letter) envelopes whose send failed; returns id -> new status."""
+    if not envelope_ids:
+        return {}
+    params = {
+        "ids": envelope_ids,
+        "token": token,
+        "error": error,
+        "permanent": permanent,
+        "max_attempts": max_attempts,
+        "base": backoff_base,
+        "cap": backoff_cap,
+    }
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(MARK_FAILED_SQL, params)
+        return dict(cursor.fetchall())
+
+
+RELEASE_SQL = f"""
+UPDATE {ENVELOPE} SET lease_token = NULL, available_at = clock_timestamp(),
+    send_attempts = GREATEST(send_attempts - 1, 0)
+WHERE id = ANY(%(ids)s) AND lease_token = %(token)s AND status = 'pending'
+"""
+
+
+def release(envelope_ids: list[int], token: uuid.UUID) -> int:
+    """Give back envelopes claimed but never sent (shutdown): claimable at once, attempt not counted."""
+    if not envelope_ids:
+        return 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(RELEASE_SQL, {"ids": envelope_ids, "token": token})
+        return cursor.rowcount

@@ -1,0 +1,166 @@
+"""The dispatch loop: wait for a wake or the fallback tick, then drain.
+
+One drain claims a batch, sends it, records the results and claims the next
+batch at once while batches come back full, so a backlog never waits (K-1)
+ticks. It stops on an empty or short batch, on an error, or when told to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from dispatch_app import failpoints
+from dispatch_app.conf import DispatchSettings
+from dispatch_app.dispatch import claim
+from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
+from dispatch_app.dispatch.sender import BoundedSender
+from dispatch_app.runtime.wake import TICK, Wake
+
+log = logging.getLogger("dispatch_app.dispatch")
+
+
+@dataclass
+class DrainResult:
+    trigger: str = TICK
+    batches: int = 0
+    claimed: int = 0
+    dispatched: int = 0
+    duplicates: int = 0
+    failed: int = 0
+    dead: int = 0
+    released: int = 0
+    lost_lease: int = 0
+    unannounced: int = 0  # first sends found by a tick-triggered scan: a missed wake-up
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def add(self, other: DrainResult) -> None:
+        for name in (
+            "batches",
+            "claimed",
+            "dispatched",
+            "duplicates",
+            "failed",
+            "dead",
+            "released",
+            "lost_lease",
+            "unannounced",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.batch_sizes.extend(other.batch_sizes)
+
+
+class DispatchLoop:
+    name = "dispatch"
+
+    def __init__(
+        self,
+        conf: DispatchSettings,
+        *,
+        wake: Wake | None = None,
+        stop: threading.Event | None = None,
+        publisher: Publisher | None = None,
+        sender: BoundedSender | None = None,
+        observer=None,
+    ):
+        self.conf = conf
+        self.wake = wake or Wake()
+        self.stop = stop or threading.Event()
+        self.publisher = publisher or Publisher(conf)
+        self.sender = sender or BoundedSender(conf.SEND_CONCURRENCY, name="dispatch-send")
+        self.observer = observer  # metrics hook: observer.drained(result)
+        self.scans = 0
+
+    def wait(self) -> str:
+        return self.wake.wait(self.conf.POLL_INTERVAL)
+
+    def run_once(self, trigger: str = TICK) -> DrainResult:
+        """Drain: batch after batch while they come back full."""
+        total = DrainResult(trigger=trigger)
+        self.scans += 1
+        while not self.stop.is_set():
+            result = self.dispatch_batch(trigger)
+            total.add(result)
+            if result.claimed < self.conf.BATCH_SIZE:
+                break
+        if self.observer is not None:
+            self.observer.drained(total)
+        return total
+
+    def dispatch_batch(self, trigger: str = TICK) -> DrainResult:
+        conf = self.conf
+        result = DrainResult(trigger=trigger)
+        batch = claim.claim_batch(conf.BATCH_SIZE, conf.LEASE_SECONDS)
+        result.claimed = len(batch.envelopes)
+        if not batch.envelopes:
+            return result
+        result.batches = 1
+        result.batch_sizes.append(result.claimed)
+        if trigger == TICK:
+            result.unannounced = sum(1 for e in batch.envelopes if e.first_send)
+
+        sendable, permanent = [], []
+        for envelope in batch.envelopes:
+            try:
+                self.publisher.check(envelope)
+                sendable.append(envelope)
+            except PermanentSendError as exc:
+                permanent.append((envelope, str(exc)))
+
+        size = conf.SEND_CHUNK_SIZE
+        chunks = [sendable[i : i + size] for i in range(0, len(sendable), size)]
+        outcomes = self.sender.map(self.publisher.send, chunks, stop=self.stop)
+        failpoints.hit("kill_after_send")
+
+        sent_ids, skipped_ids = [], []
+        failures: dict[str, list[int]] = {}
+        for outcome in outcomes:
+            ids = [e.envelope_id for e in outcome.item]
+            if outcome.skipped:
+                skipped_ids.extend(ids)
+            elif outcome.ok:
+                sent_ids.extend(ids)
+                result.duplicates += outcome.value.duplicates
+            else:
+                error = f"{type(outcome.error).__name__}: {outcome.error}"
+                failures.setdefault(error, []).extend(ids)
+                log.warning(
+                    "send failed for %d envelopes: %s",
+                    len(ids),
+                    error,
+                    extra={"action": "send_failed", "domain": "dispatch"},
+                )
+
+        marked = claim.mark_dispatched(sent_ids, batch.token)
+        result.dispatched = marked
+        result.lost_lease = len(sent_ids) - marked
+        for error, ids in failures.items():
+            self._record_failure(result, ids, batch.token, error, permanent=False)
+        for envelope, reason in permanent:
+            self._record_failure(result, [envelope.envelope_id], batch.token, reason, permanent=True)
+            log.error(
+                "envelope %s dead: %s",
+                envelope.envelope_id,
+                reason,
+                extra={"action": "envelope_dead", "domain": envelope.domain},
+            )
+        result.released = claim.release(skipped_ids, batch.token)
+        return result
+
+    def _record_failure(self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool) -> None:
+        conf = self.conf
+        statuses = claim.mark_failed(
+            ids,
+            token,
+            error,
+            permanent=permanent,
+            max_attempts=conf.MAX_SEND_ATTEMPTS,
+            backoff_base=conf.SEND_BACKOFF_BASE,
+            backoff_cap=conf.SEND_BACKOFF_MAX,
+        )
+        result.dead += sum(1 for s in statuses.values() if s == "dead")
+        result.failed += sum(1 for s in statuses.values() if s == "pending")
+
+    def close(self) -> None:
+        self.sender.close()

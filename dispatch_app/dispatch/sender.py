@@ -1,0 +1,80 @@
+"""Bounded concurrent sends.
+
+The slot is taken *before* a thread is given work: the submitter blocks while K
+sends are in flight, so nothing queues up behind the limit and a slow Redis
+cannot make memory or threads grow with the batch. Results are returned, not
+counted in shared variables, so totals are exact under concurrency.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    item: T
+    value: Any = None
+    error: BaseException | None = None
+    skipped: bool = False  # never started: the stop signal came first
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.skipped
+
+
+class BoundedSender:
+    def __init__(self, concurrency: int, *, name: str = "send"):
+        if concurrency < 1:
+            raise ValueError(f"send concurrency must be >= 1, got {concurrency}")
+        self.concurrency = concurrency
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    @property
+    def threads_started(self) -> int:
+        return len(self._pool._threads)
+
+    def _run(self, fn: Callable[[T], R], item: T) -> Outcome[T]:
+        try:
+            return Outcome(item, value=fn(item))
+        except BaseException as exc:  # a send's failure is its result, never the batch's crash
+            return Outcome(item, error=exc)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+            self._slots.release()
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], *, stop: threading.Event | None = None) -> list[Outcome[T]]:
+        """Run fn over items, at most K at once; results in item order.
+
+        Items not yet started when ``stop`` is set come back as skipped.
+        """
+        futures: list[Future | Outcome] = []
+        for item in items:
+            if stop is not None and stop.is_set():
+                futures.append(Outcome(item, skipped=True))
+                continue
+            self._slots.acquire()
+            if stop is not None and stop.is_set():
+                self._slots.release()
+                futures.append(Outcome(item, skipped=True))
+                continue
+            with self._lock:
+                self.in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            futures.append(self._pool.submit(self._run, fn, item))
+        return [f.result() if isinstance(f, Future) else f for f in futures]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

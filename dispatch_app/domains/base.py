@@ -1,0 +1,100 @@
+"""What a business domain is: a queue, a payload schema, a task and a recovery policy.
+
+Nothing here imports Django models, so settings can read the queue names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class PayloadError(ValueError):
+    """A payload does not match its domain's schema; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: type | tuple[type, ...]
+    required: bool = True
+    minimum: float | None = None
+    maximum: float | None = None
+    max_length: int | None = None
+    item_kind: type | None = None
+    length: int | None = None
+
+    def check(self, where: str, value: Any) -> None:
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        # bool is an int in Python; a JSON `true` is never a count.
+        if isinstance(value, bool) and bool not in kinds:
+            raise PayloadError(f"{where}: expected {_kind_name(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            raise PayloadError(f"{where}: expected {_kind_name(kinds)}, got {type(value).__name__}")
+        if self.minimum is not None and isinstance(value, (int, float)) and value < self.minimum:
+            raise PayloadError(f"{where}: must be >= {self.minimum}, got {value}")
+        if self.maximum is not None and isinstance(value, (int, float)) and value > self.maximum:
+            raise PayloadError(f"{where}: must be <= {self.maximum}, got {value}")
+        if isinstance(value, (str, list)):
+            if self.max_length is not None and len(value) > self.max_length:
+                raise PayloadError(f"{where}: longer than {self.max_length}")
+            if isinstance(value, str) and self.required and not value.strip():
+                raise PayloadError(f"{where}: must not be empty")
+        if isinstance(value, list):
+            if self.length is not None and len(value) != self.length:
+                raise PayloadError(f"{where}: expected {self.length} items, got {len(value)}")
+            if self.required and not value:
+                raise PayloadError(f"{where}: must not be empty")
+            if self.item_kind is not None:
+                for index, item in enumerate(value):
+                    Field(self.item_kind).check(f"{where}[{index}]", item)
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    names = {str: "string", int: "integer", float: "number", list: "list", dict: "object", bool: "boolean"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """How recovery treats this domain's unfinished jobs (see dispatch_app.recovery)."""
+
+    queued_stale_seconds: float = 300.0
+    running_stale_seconds: float = 900.0
+    max_attempts: int = 3
+    # Re-running after an interruption repeats no side effect (or the effect is idempotent).
+    retry_safe: bool = False
+    # A recorded vendor request id lets recovery ask the provider what happened.
+    uses_vendor_request_id: bool = False
+    batch_size: int = 25
+    period_seconds: float = 30.0
+    jitter_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class Domain:
+    key: str
+    queue: str
+    schema: dict[str, Field]
+    # Dotted path RQ stores in the job (JSON-serialisable, no pickled callables).
+    task_path: str
+    work: Callable[[Any, Any], dict]
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    description: str = ""
+
+    def validate(self, payload: Any) -> dict:
+        if not isinstance(payload, dict):
+            raise PayloadError(f"{self.key}: payload must be a JSON object, got {type(payload).__name__}")
+        unknown = sorted(set(payload) - set(self.schema))
+        if unknown:
+            raise PayloadError(
+                f"{self.key}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(self.schema))}"
+            )
+        for name, spec in self.schema.items():
+            where = f"{self.key}.{name}"
+            if name not in payload:
+                if spec.required:
+                    raise PayloadError(f"{where}: required field is missing")
+                continue
+            spec.check(where, payload[name])
+        return payload

@@ -1,0 +1,39 @@
+"""Image series: a vendor generates N product images (not idempotent: each call is billed)."""
+
+from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
+
+
+def work(ctx) -> dict:
+    payload = ctx.payload
+    outputs = []
+    for index in range(payload.get("count", 1)):
+        request_id = ctx.provider.new_request_id()
+        # Recorded (committed) before the call, so recovery can ask the vendor later.
+        ctx.record_vendor_request(request_id)
+        path = ctx.provider.generate_image(
+            request_id, payload["prompt"], payload.get("size", 64), ctx.job_id * 31 + index
+        )
+        outputs.append(str(path))
+    return {"images": outputs}
+
+
+def task(job_id: int, attempt: int):
+    from dispatch_app.worker import execute
+
+    return execute(DOMAIN.key, job_id, attempt)
+
+
+DOMAIN = Domain(
+    key="image_series",
+    queue="image_series",
+    schema={
+        "product_id": Field(str, max_length=200),
+        "prompt": Field(str, max_length=2000),
+        "count": Field(int, required=False, minimum=1, maximum=8),
+        "size": Field(int, required=False, minimum=8, maximum=1024),
+    },
+    task_path="dispatch_app.domains.image_series.task",
+    work=work,
+    recovery=RecoveryPolicy(retry_safe=False, uses_vendor_request_id=True, running_stale_seconds=1800),
+    description="product-image generation through the image vendor",
+)

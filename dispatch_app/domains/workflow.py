@@ -1,0 +1,30 @@
+"""Workflows: a list of named steps run by our own code, each idempotent."""
+
+from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
+
+
+def work(ctx) -> dict:
+    results = [
+        ctx.provider.run_step(step, {"workflow_id": ctx.payload["workflow_id"]}) for step in ctx.payload["steps"]
+    ]
+    return {"steps": len(results)}
+
+
+def task(job_id: int, attempt: int):
+    from dispatch_app.worker import execute
+
+    return execute(DOMAIN.key, job_id, attempt)
+
+
+DOMAIN = Domain(
+    key="workflow",
+    queue="workflow",
+    schema={
+        "workflow_id": Field(str, max_length=200),
+        "steps": Field(list, item_kind=str, max_length=50),
+    },
+    task_path="dispatch_app.domains.workflow.task",
+    work=work,
+    recovery=RecoveryPolicy(retry_safe=True, max_attempts=5),
+    description="multi-step product workflows; steps are idempotent",
+)

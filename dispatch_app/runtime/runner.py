@@ -1,0 +1,93 @@
+"""Runs one loop on its own thread: wait, step, repeat, until told to stop.
+
+Every loop of the dispatcher has the same shape: a stop signal it checks, a
+``wait()`` that returns why it woke, a ``run_once(reason)`` that tests and
+one-shot commands call directly, and errors logged with a stable action name
+and the loop's domain, followed by a bounded backoff instead of a dead thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from django.db import close_old_connections, connections
+
+log = logging.getLogger("dispatch_app.runtime")
+
+
+class Loop(Protocol):
+    name: str
+
+    def wait(self) -> str: ...
+    def run_once(self, trigger: str): ...
+
+
+class LoopRunner:
+    def __init__(
+        self,
+        loop: Loop,
+        stop: threading.Event,
+        *,
+        domain: str | None = None,
+        error_backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        on_success: Callable[[str, object], None] | None = None,
+        on_error: Callable[[str, BaseException], None] | None = None,
+    ):
+        self.loop = loop
+        self.stop = stop
+        self.name = loop.name
+        self.domain = domain or loop.name
+        self.error_backoff = error_backoff
+        self.max_backoff = max_backoff
+        self.on_success = on_success
+        self.on_error = on_error
+        self.thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)
+        self.errors = 0
+        self.rounds = 0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        backoff = self.error_backoff
+        try:
+            while not self.stop.is_set():
+                trigger = self.loop.wait()
+                if self.stop.is_set():
+                    break
+                # A connection killed while we slept is replaced, not reused.
+                close_old_connections()
+                try:
+                    result = self.loop.run_once(trigger)
+                except Exception as exc:
+                    self.errors += 1
+                    log.exception(
+                        "%s loop failed; retrying in %.1fs",
+                        self.name,
+                        backoff,
+                        extra={"action": f"{self.name}_error", "domain": self.domain},
+                    )
+                    if self.on_error:
+                        self.on_error(self.name, exc)
+                    # A broken connection must not be reused by the next round.
+                    connections.close_all()
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, self.max_backoff)
+                    continue
+                backoff = self.error_backoff
+                self.rounds += 1
+                if self.on_success:
+                    self.on_success(self.name, result)
+        finally:
+            # Each thread owns its connections; leaving one open keeps the
+            # server session (and the test database) alive.
+            connections.close_all()
+            log.info("%s loop stopped", self.name, extra={"action": f"{self.name}_stopped", "domain": self.domain})
+
+    def join(self, timeout: float) -> bool:
+        self.thread.join(timeout)
+        return not self.thread.is_alive()

@@ -1,0 +1,146 @@
+"""What an RQ worker runs: one entry point per domain, all through ``execute``.
+
+The start is a compare-and-set on (job, attempt): a second delivery of the same
+attempt finds the job no longer startable and does nothing. The start accepts
+``submitted`` as well as ``queued`` because the worker can pick the job up before
+the dispatcher's mark commits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import close_old_connections, connection, transaction
+
+from dispatch_app.conf import dispatch_settings
+from dispatch_app.domains import PayloadError, get_domain
+from dispatch_app.models import JobEvent
+from dispatch_app.providers import Provider, ProviderError, get_provider
+
+log = logging.getLogger("dispatch_app.worker")
+
+START_SQL = """
+UPDATE dispatch_app_job
+SET status = 'running', started_at = clock_timestamp(),
+    dispatched_at = COALESCE(dispatched_at, clock_timestamp())
+WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
+RETURNING payload
+"""
+
+FINISH_SQL = """
+UPDATE dispatch_app_job
+SET status = %s, finished_at = clock_timestamp(), result = %s, error = %s
+WHERE id = %s AND attempt = %s AND status = 'running'
+"""
+
+
+@dataclass
+class WorkContext:
+    job_id: int
+    attempt: int
+    payload: dict
+    provider: Provider
+
+    def record_vendor_request(self, request_id: str) -> None:
+        """Committed before the vendor call, so recovery can ask the vendor what happened."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE dispatch_app_job SET vendor_request_id = %s "
+                "WHERE id = %s AND attempt = %s AND status = 'running'",
+                [request_id, self.job_id, self.attempt],
+            )
+
+
+def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
+    from psycopg.types.json import Jsonb
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            FINISH_SQL, [status, Jsonb(result) if result is not None else None, error[:4000], job_id, attempt]
+        )
+        return cursor.rowcount == 1
+
+
+def execute(domain_key: str, job_id: int, attempt: int) -> dict:
+    close_old_connections()
+    try:
+        return _execute(domain_key, job_id, attempt)
+    finally:
+        close_old_connections()
+
+
+def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
+    domain = get_domain(domain_key)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(START_SQL, [job_id, attempt])
+        row = cursor.fetchone()
+        if row is None:
+            JobEvent.objects.create(
+                job_id=job_id,
+                attempt=attempt,
+                kind="duplicate_delivery",
+                reason="attempt not startable (already started, finished or superseded)",
+            )
+    if row is None:
+        log.info(
+            "job %s attempt %s: duplicate delivery ignored",
+            job_id,
+            attempt,
+            extra={"action": "duplicate_delivery", "domain": domain_key},
+        )
+        return {"duplicate": True}
+    # Django leaves jsonb undecoded on raw cursors.
+    payload = json.loads(row[0]) if isinstance(row[0], str) else row[0]
+    try:
+        domain.validate(payload)
+    except PayloadError as exc:
+        # A poison payload fails the same way every time: no retry.
+        _finish(job_id, attempt, "failed", error=f"payload rejected: {exc}")
+        return {"failed": str(exc)}
+
+    ctx = WorkContext(job_id=job_id, attempt=attempt, payload=payload, provider=get_provider())
+    try:
+        result = domain.work(ctx)
+    except ProviderError as exc:
+        return _provider_failed(domain, job_id, attempt, exc)
+    except Exception as exc:
+        log.exception(
+            "job %s attempt %s crashed", job_id, attempt, extra={"action": "task_error", "domain": domain_key}
+        )
+        _finish(job_id, attempt, "failed", error=f"{type(exc).__name__}: {exc}")
+        return {"failed": str(exc)}
+    if not _finish(job_id, attempt, "succeeded", result=result):
+        JobEvent.objects.create(
+            job_id=job_id,
+            attempt=attempt,
+            kind="late_result",
+            reason="finished after the job was moved on (recovered or cancelled)",
+            data=result,
+        )
+    return {"succeeded": True}
+
+
+def _provider_failed(domain, job_id: int, attempt: int, exc: ProviderError) -> dict:
+    """A known vendor failure: retry through the outbox while attempts remain."""
+    from dispatch_app.outbox import redispatch
+
+    policy = domain.recovery
+    reason = f"provider failed: {exc}"
+    if attempt < policy.max_attempts:
+        conf = dispatch_settings()
+        delay = min(conf.SEND_BACKOFF_BASE * (2 ** (attempt - 1)), conf.SEND_BACKOFF_MAX)
+        with transaction.atomic():
+            if redispatch(
+                job_id,
+                attempt,
+                kind="retry_after_failure",
+                reason=reason,
+                delay_seconds=delay,
+                allowed_statuses=("running",),
+            ):
+                return {"retrying": True}
+    _finish(job_id, attempt, "failed", error=reason)
+    return {"failed": reason}

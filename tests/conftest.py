@@ -1,0 +1,34 @@
+"""Shared fixtures: real PostgreSQL (pytest-django's test database) and real Redis."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.conf import settings
+
+from tests.helpers import database_url_for_subprocess
+
+
+@pytest.fixture
+def redis_conn():
+    """The test Redis database, empty at the start and the end of the test."""
+    from dispatch_app.dispatch.publisher import redis_connection
+
+    conn = redis_connection(settings.REDIS_URL)
+    conn.flushdb()
+    yield conn
+    conn.flushdb()
+
+
+@pytest.fixture
+def subprocess_env(redis_conn):
+    """Environment for a child process (rundispatcher, rqworker) that sees the test database and Redis."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="productflow.settings",
+        DATABASE_URL=database_url_for_subprocess(),
+        REDIS_URL=settings.REDIS_URL,
+        PYTHONUNBUFFERED="1",
+    )
+    return env

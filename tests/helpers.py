@@ -1,0 +1,41 @@
+"""Helpers shared by the test tiers (no fixtures here)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+MANAGE = str(ROOT / "manage.py")
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+    """A bounded poll for cross-process effects: a safety net, never thread synchronisation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def database_url_for_subprocess() -> str:
+    """A URL for the database the tests run against (the test database), for child processes."""
+    from django.db import connection
+
+    params = connection.settings_dict
+    name = params["NAME"]
+    user = quote(params.get("USER") or "postgres")
+    password = quote(params.get("PASSWORD") or "")
+    host = params.get("HOST") or ""
+    port = params.get("PORT") or ""
+    socket_dir = (params.get("OPTIONS") or {}).get("host")
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    if socket_dir and not host:
+        return f"postgresql://{auth}/{name}?host={quote(str(socket_dir))}"
+    return f"postgresql://{auth}{host}{':' + str(port) if port else ''}/{name}"
