@@ -128,7 +128,8 @@ def redispatch(
         cursor.execute(
             "INSERT INTO dispatch_app_dispatchenvelope "
             "(job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, created_at) "
-            "VALUES (%s, %s, %s, %s, 'pending', clock_timestamp() + make_interval(secs => %s), 0, '', clock_timestamp())",
+            "VALUES (%s, %s, %s, %s, 'pending', "
+            "clock_timestamp() + make_interval(secs => %s), 0, '', clock_timestamp())",
             [job_id, attempt, domain_key, queue, delay_seconds],
         )
     JobEvent.objects.create(
