@@ -2,15 +2,11 @@
 
 import factory
 
+from dispatch_app.demo_payloads import demo_payload
+from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import DispatchEnvelope, Job
 
-PAYLOADS = {
-    "workflow": {"workflow_id": "wf-1", "steps": ["resize", "tag"]},
-    "image_series": {"product_id": "p-1", "prompt": "a red shoe", "count": 1, "size": 16},
-    "delivery": {"asset": "asset-1", "target": "https://example.invalid/hook"},
-    "partial_edit": {"image": "img-1", "region": [0, 0, 8, 8], "instruction": "make it blue"},
-    "agent": {"goal": "write a caption", "max_steps": 1},
-}
+PAYLOADS = {domain: demo_payload(domain, 1) for domain in DOMAIN_KEYS}
 
 
 class JobFactory(factory.django.DjangoModelFactory):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -13,28 +12,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.conf import dispatch_settings
+from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 
 log = logging.getLogger("dispatch_app.rundispatcher")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 class Command(BaseCommand):
@@ -48,7 +28,9 @@ class Command(BaseCommand):
         parser.add_argument("--shutdown-deadline", type=positive_float, help="seconds to stop (SHUTDOWN_DEADLINE)")
         parser.add_argument("--no-listen", action="store_true", help="polling only: no LISTEN connection")
         parser.add_argument("--no-recovery", action="store_true", help="run no recovery loops")
-        parser.add_argument("--domains", help="comma-separated domains to run recovery for (default: all)")
+        parser.add_argument(
+            "--domains", type=domain_list, help="comma-separated domains to run recovery for (default: all)"
+        )
         parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
         parser.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
 
