@@ -46,6 +46,23 @@ SPECS: dict[str, _Spec] = {
     "PROVIDER_LATENCY_MS": _Spec(0.0, float, 0, 600_000, "the local provider's simulated latency"),
     "PROVIDER_FAILURE_RATE": _Spec(0.0, float, 0, 1, "the local provider's share of failed calls"),
     "RECOVERY": _Spec({}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}}"),
+    # Operations (dispatch_app.ops): heartbeats and retention. docs/operations.md explains each.
+    "HEARTBEAT_INTERVAL": _Spec(5.0, float, 0.05, 3600, "how often a dispatcher writes its heartbeat row (s)"),
+    "HEARTBEAT_STALE_SECONDS": _Spec(
+        120.0, float, 1, 86_400, "a process or loop silent for longer is flagged stale (longer than any loop period)"
+    ),
+    "RETENTION_INTERVAL": _Spec(300.0, float, 0.05, 86_400, "seconds between two pruning rounds"),
+    "RETENTION_BATCH_SIZE": _Spec(1000, int, 1, 100_000, "rows deleted per pruning transaction"),
+    "RETENTION_MAX_BATCHES": _Spec(20, int, 1, 10_000, "pruning transactions per table per round (the bound)"),
+    "RETENTION_DISPATCHED_ENVELOPES": _Spec(
+        7 * 86_400.0, float, 3600, 10 * 365 * 86_400, "keep dispatched envelopes this long after dispatch (s)"
+    ),
+    "RETENTION_RECOVERY_ROUNDS": _Spec(
+        7 * 86_400.0, float, 3600, 10 * 365 * 86_400, "keep recovery-round records this long after they start (s)"
+    ),
+    "RETENTION_HEARTBEATS": _Spec(
+        86_400.0, float, 60, 10 * 365 * 86_400, "forget a dispatcher process this long after it was last seen (s)"
+    ),
 }
 
 
@@ -68,6 +85,14 @@ class DispatchSettings:
     PROVIDER_LATENCY_MS: float
     PROVIDER_FAILURE_RATE: float
     RECOVERY: dict
+    HEARTBEAT_INTERVAL: float
+    HEARTBEAT_STALE_SECONDS: float
+    RETENTION_INTERVAL: float
+    RETENTION_BATCH_SIZE: int
+    RETENTION_MAX_BATCHES: int
+    RETENTION_DISPATCHED_ENVELOPES: float
+    RETENTION_RECOVERY_ROUNDS: float
+    RETENTION_HEARTBEATS: float
 
 
 def _coerce(key: str, value: Any, spec: _Spec) -> Any:

@@ -60,6 +60,12 @@ class Job(models.Model):
             models.Index(fields=["status", "domain"], name="job_status_domain"),
             models.Index(fields=["submitted_at"], name="job_submitted_at"),
         ]
+        # Operator actions (dispatch_app.admin), each granted on its own.
+        permissions = [
+            ("retry_job", "Can retry a job now (through the outbox)"),
+            ("cancel_job", "Can cancel a job"),
+            ("view_dispatch_dashboard", "Can view the dispatch dashboard"),
+        ]
         triggers = [
             pgtrigger.Trigger(
                 name="job_updated_at_v1",
@@ -122,6 +128,10 @@ class DispatchEnvelope(models.Model):
                 name="envelope_claim",
             ),
             models.Index(fields=["status", "dispatched_at"], name="envelope_status_dispatched"),
+        ]
+        permissions = [
+            ("retry_envelope", "Can make a pending envelope due now"),
+            ("rearm_envelope", "Can re-arm a dead envelope"),
         ]
         triggers = [
             pgtrigger.Trigger(
