@@ -7,6 +7,7 @@ SECRET_KEY or with DEBUG on.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -86,7 +87,13 @@ if not DATABASE_URL:
     from productflow import embedded
 
     DATABASE_URL = embedded.postgres_url()
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+# Persistent connections (checked before reuse): a worker or a loop must not pay
+# a new connection per job or per wake.
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=int(os.environ.get("CONN_MAX_AGE", "60")), conn_health_checks=True
+    )
+}
 # Every session of ours runs with bounded waits, so a stuck session cannot hold
 # locks forever (values in ms; DISPATCH settings below document them).
 _pg_options = DATABASES["default"].setdefault("OPTIONS", {})
@@ -141,7 +148,15 @@ RQ_QUEUES = {name: dict(_QUEUE_CONFIG) for name in ("default", *QUEUE_NAMES)}
 RQ = {"COMMIT_MODE": "auto"}
 
 # --- Dispatcher (dispatch_app.conf documents and validates every key) ------
+# Each key can be set from the environment as DISPATCH_<KEY>, its value JSON
+# (a number, or an object for DISPATCH_RECOVERY).
 DISPATCH = {}
+for _name, _raw in os.environ.items():
+    if _name.startswith("DISPATCH_"):
+        try:
+            DISPATCH[_name.removeprefix("DISPATCH_")] = json.loads(_raw)
+        except ValueError:
+            raise ImproperlyConfigured(f"{_name}={_raw!r} is not valid JSON (a number, or an object)") from None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

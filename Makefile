@@ -1,0 +1,48 @@
+# The two set-up commands of the README:
+#   make demo   - the main job on the embedded default (or DATABASE_URL/REDIS_URL)
+#   make test   - the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_COUNT ?= 2000
+DEMO_RATE ?= 200
+
+.PHONY: demo test lint bench bench-quick embedded-stop run-dispatcher run-worker
+
+$(VENV)/.installed: requirements/base.txt requirements/test.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements/test.txt
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py demo --count $(DEMO_COUNT) --rate $(DEMO_RATE)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+$(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
+	$(PY) -m pip install --quiet -r requirements/bench.txt
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(PY) manage.py dispatchbench $(BENCH_ARGS)
+
+bench-quick: $(VENV)/.bench-installed
+	$(PY) manage.py dispatchbench --quick --repeat 1
+
+run-dispatcher: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py rundispatcher
+
+run-worker: $(VENV)/.installed
+	$(PY) manage.py rqworker workflow image_series delivery partial_edit agent \
+		--serializer rq.serializers.JSONSerializer --worker-class rq.worker.SimpleWorker
+
+embedded-stop: $(VENV)/.installed
+	$(PY) manage.py embedded stop

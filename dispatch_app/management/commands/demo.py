@@ -1,0 +1,131 @@
+"""``manage.py demo``: the main job end to end on whatever PostgreSQL/Redis the settings name.
+
+Starts rundispatcher and an RQ worker as real subprocesses, submits demo
+traffic with loadgen, waits until every job is finished, stops the processes
+and prints the per-stage latency table (database clock).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+from dispatch_app.domains import DOMAIN_KEYS, QUEUE_NAMES
+from dispatch_app.latency import format_table, stage_latencies
+from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
+from dispatch_app.management.commands.loadgen import generate, progress_bar
+
+MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
+
+
+def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "w")  # noqa: SIM115 - handed to the child for its lifetime
+    return subprocess.Popen([sys.executable, MANAGE, *args], stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(processes: list[subprocess.Popen], deadline: float) -> None:
+    for proc in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + deadline
+    for proc in processes:
+        try:
+            proc.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+class Command(BaseCommand):
+    help = "Run dispatcher + RQ worker + demo traffic, then print per-stage latencies."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--count", type=positive_int, default=2000, help="jobs to submit (default 2000)")
+        parser.add_argument("--rate", type=positive_float, default=200.0, help="jobs per second (default 200)")
+        parser.add_argument("--domains", type=domain_list, help="comma-separated subset of domains (default: all)")
+        parser.add_argument("--workers", type=positive_int, default=2, help="RQ worker processes (default 2)")
+        parser.add_argument("--timeout", type=positive_float, default=300.0, help="give up after this many seconds")
+
+    def handle(self, *args, **options):
+        domains = options["domains"] or list(DOMAIN_KEYS)
+        log_dir = Path(settings.BASE_DIR) / "var" / "demo"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        processes = [_spawn(["rundispatcher", "--no-recovery"], log_dir / "rundispatcher.log")]
+        worker_args = [
+            "rqworker",
+            *QUEUE_NAMES,
+            "--serializer",
+            "rq.serializers.JSONSerializer",
+            "--worker-class",
+            "rq.worker.SimpleWorker",
+        ]
+        processes += [_spawn(worker_args, log_dir / f"rqworker-{i}.log") for i in range(options["workers"])]
+        self.stdout.write(f"started rundispatcher and {options['workers']} RQ worker(s); logs in {log_dir}")
+        try:
+            self._wait_ready(processes, options["workers"], log_dir / "rundispatcher.log")
+            started = time.monotonic()
+            first, last = generate(options["count"], domains, options["rate"], progress_bar(sys.stderr))
+            self._wait_finished(first, last, processes, started + options["timeout"])
+            elapsed = time.monotonic() - started
+        finally:
+            _stop(processes, deadline=15)
+
+        self.stdout.write("")
+        self.stdout.write(
+            f"{options['count']} jobs over {', '.join(domains)} in {elapsed:.1f}s (submitted at {options['rate']:g}/s)"
+        )
+        self.stdout.write(self._outcomes(first, last))
+        self.stdout.write(format_table(stage_latencies(first, last)))
+
+    def _wait_ready(self, processes, workers: int, dispatcher_log: Path, timeout: float = 60.0) -> None:
+        """Traffic starts once the dispatcher listens and the workers are registered."""
+        from rq import Worker
+
+        from dispatch_app.dispatch.publisher import redis_connection
+
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = "started:" in dispatcher_log.read_text() and Worker.count(connection=redis_connection()) >= workers
+            if ready:
+                return
+            dead = [" ".join(p.args[2:3]) for p in processes if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise CommandError(f"processes not ready ({', '.join(dead) or 'timeout'}); see var/demo/*.log")
+            time.sleep(0.1)  # waiting for other processes to boot
+
+    def _wait_finished(self, first: int, last: int, processes, deadline: float) -> None:
+        total = last - first + 1
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM dispatch_app_job WHERE id BETWEEN %s AND %s AND finished_at IS NOT NULL",
+                    [first, last],
+                )
+                done = cursor.fetchone()[0]
+            sys.stderr.write(f"\r{done}/{total} jobs finished")
+            sys.stderr.flush()
+            if done >= total:
+                sys.stderr.write("\n")
+                return
+            dead = [p.args[2] for p in processes if p.poll() is not None]
+            if dead:
+                raise CommandError(f"{', '.join(dead)} exited early; see var/demo/*.log")
+            if time.monotonic() > deadline:
+                raise CommandError(f"only {done}/{total} jobs finished before the timeout; see var/demo/*.log")
+            time.sleep(0.2)  # polling another process's progress for the operator
+
+    @staticmethod
+    def _outcomes(first: int, last: int) -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT status, count(*) FROM dispatch_app_job WHERE id BETWEEN %s AND %s GROUP BY status ORDER BY 1",
+                [first, last],
+            )
+            return "outcomes: " + ", ".join(f"{status} {n}" for status, n in cursor.fetchall())
