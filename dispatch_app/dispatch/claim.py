@@ -71,7 +71,7 @@ WITH marked AS (
     UPDATE {ENVELOPE}
     SET status = 'dispatched', dispatched_at = clock_timestamp(), lease_token = NULL, last_error = ''
     WHERE id = ANY(%(ids)s) AND lease_token = %(token)s AND status = 'pending'
-    RETURNING job_id, attempt
+    RETURNING job_id, attempt, extract(epoch FROM dispatched_at - created_at)::float8 AS latency
 ), jobs AS (
     -- Never backwards: a worker may already have started (or finished) the job.
     UPDATE {JOB} j
@@ -82,17 +82,24 @@ WITH marked AS (
       AND (j.status = 'submitted' OR j.dispatched_at IS NULL)
     RETURNING j.id
 )
-SELECT (SELECT count(*) FROM marked)
+SELECT (SELECT count(*) FROM marked), (SELECT array_agg(latency) FROM marked)
 """
 
 
-def mark_dispatched(envelope_ids: list[int], token: uuid.UUID) -> int:
-    """Returns how many envelopes this lease still held and now marked."""
+def mark_dispatched(envelope_ids: list[int], token: uuid.UUID, latencies: list[float] | None = None) -> int:
+    """Returns how many envelopes this lease still held and now marked.
+
+    ``latencies``, when given, receives each marked envelope's outbox wait
+    (created_at -> dispatched_at, database clock) for the metrics.
+    """
     if not envelope_ids:
         return 0
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token})
-        return cursor.fetchone()[0]
+        count, waits = cursor.fetchone()
+    if latencies is not None and waits:
+        latencies.extend(waits)
+    return count
 
 
 MARK_FAILED_SQL = f"""
