@@ -37,6 +37,9 @@ SPECS: dict[str, _Spec] = {
     "MAX_SEND_ATTEMPTS": _Spec(8, int, 1, 1000, "failed sends before an envelope is dead"),
     "SEND_BACKOFF_BASE": _Spec(1.0, float, 0, 3600, "first retry delay after a failed send (s), doubled each time"),
     "SEND_BACKOFF_MAX": _Spec(300.0, float, 0, 86_400, "cap of the retry delay (s)"),
+    "SEND_TRANSIENT_BACKOFF_MAX": _Spec(
+        10.0, float, 0, 3600, "cap of the retry delay while Redis is unreachable (such failures never dead-letter)"
+    ),
     "SHUTDOWN_DEADLINE": _Spec(10.0, float, 0.1, 3600, "seconds to finish in-flight work on SIGTERM"),
     "LISTEN_TIMEOUT": _Spec(5.0, float, 0.05, 3600, "listener wait before it pings the idle connection (s)"),
     "RECONNECT_BACKOFF_MAX": _Spec(30.0, float, 0.01, 3600, "cap of the listener/loop reconnect backoff (s)"),
@@ -76,6 +79,7 @@ class DispatchSettings:
     MAX_SEND_ATTEMPTS: int
     SEND_BACKOFF_BASE: float
     SEND_BACKOFF_MAX: float
+    SEND_TRANSIENT_BACKOFF_MAX: float
     SHUTDOWN_DEADLINE: float
     LISTEN_TIMEOUT: float
     RECONNECT_BACKOFF_MAX: float

@@ -36,11 +36,14 @@ class Claim:
 # SKIP LOCKED: rows held by another transaction (a peer's claim, an operator's
 # long transaction) are passed over instead of waited for. The lease pushes
 # available_at forward, so a dispatcher that dies after claiming gives its rows
-# back by itself when the lease runs out.
+# back by itself when the lease runs out. The clock is read once, in a
+# sub-select, so the bound is an index condition: a bare clock_timestamp() is
+# volatile, becomes a per-row filter, and a short batch then reads every
+# leased, backed-off or scheduled pending row behind the available ones.
 CLAIM_SQL = f"""
 WITH picked AS (
     SELECT id FROM {ENVELOPE}
-    WHERE status = 'pending' AND available_at <= clock_timestamp()
+    WHERE status = 'pending' AND available_at <= (SELECT clock_timestamp())
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -107,9 +110,11 @@ WITH failed AS (
     UPDATE {ENVELOPE} e
     SET lease_token = NULL,
         last_error = left(%(error)s, 2000),
-        status = CASE WHEN %(permanent)s OR e.send_attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+        -- An unreachable Redis is nobody's fault of the envelope: it never dead-letters it.
+        status = CASE WHEN %(permanent)s OR (NOT %(transient)s AND e.send_attempts >= %(max_attempts)s)
+                      THEN 'dead' ELSE 'pending' END,
         available_at = clock_timestamp() + make_interval(
-            secs => LEAST(%(base)s * power(2, GREATEST(e.send_attempts - 1, 0)), %(cap)s))
+            secs => LEAST(%(base)s * power(2, LEAST(GREATEST(e.send_attempts - 1, 0), 30)), %(cap)s))
     WHERE e.id = ANY(%(ids)s) AND e.lease_token = %(token)s AND e.status = 'pending'
     RETURNING e.id, e.job_id, e.attempt, e.status, e.send_attempts
 ), dead_jobs AS (
@@ -125,6 +130,8 @@ WITH failed AS (
            left(%(error)s, 2000), jsonb_build_object('envelope_id', f.id, 'send_attempts', f.send_attempts),
            clock_timestamp()
     FROM failed f
+    -- During an outage every retry fails; the first few tell the story.
+    WHERE NOT %(transient)s OR f.send_attempts <= 3
     RETURNING 1
 )
 SELECT f.id, f.status FROM failed f
@@ -137,11 +144,16 @@ def mark_failed(
     error: str,
     *,
     permanent: bool,
+    transient: bool = False,
     max_attempts: int,
     backoff_base: float,
     backoff_cap: float,
 ) -> dict[int, str]:
-    """Back off (or dead-letter) envelopes whose send failed; returns id -> new status."""
+    """Back off (or dead-letter) envelopes whose send failed; returns id -> new status.
+
+    ``permanent``: dead at once (the envelope can never be sent). ``transient``:
+    Redis itself failed (connection, timeout): back off, never dead.
+    """
     if not envelope_ids:
         return {}
     params = {
@@ -149,6 +161,7 @@ def mark_failed(
         "token": token,
         "error": error,
         "permanent": permanent,
+        "transient": transient,
         "max_attempts": max_attempts,
         "base": backoff_base,
         "cap": backoff_cap,

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import redis
 from django.db import connection
 
 from dispatch_app import failpoints
@@ -22,6 +23,9 @@ from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.runtime.wake import TICK, Wake
 
 log = logging.getLogger("dispatch_app.dispatch")
+
+# Redis itself is unreachable or slow: says nothing about the envelopes.
+TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
 @dataclass
@@ -36,6 +40,7 @@ class DrainResult:
     released: int = 0
     lost_lease: int = 0
     unannounced: int = 0  # first sends found by a tick-triggered scan: a missed wake-up
+    transient_failures: int = 0  # envelopes whose send failed because Redis did (never dead-lettered)
     batch_sizes: list[int] = field(default_factory=list)
     # For the metrics (dispatch_app.ops.metrics): outbox waits of the envelopes marked
     # dispatched (s, database clock), and host time spent getting a connection / claiming.
@@ -54,6 +59,7 @@ class DrainResult:
             "released",
             "lost_lease",
             "unannounced",
+            "transient_failures",
             "connect_seconds",
             "claim_seconds",
         ):
@@ -93,7 +99,8 @@ class DispatchLoop:
         while not self.stop.is_set():
             result = self.dispatch_batch(trigger)
             total.add(result)
-            if result.claimed < self.conf.BATCH_SIZE:
+            # A failing Redis would fail the next batch too: wait for the next wake instead.
+            if result.claimed < self.conf.BATCH_SIZE or result.transient_failures:
                 break
         if self.observer is not None:
             self.observer.drained(total)
@@ -132,7 +139,7 @@ class DispatchLoop:
         failpoints.hit("kill_after_send")
 
         sent_ids, skipped_ids = [], []
-        failures: dict[str, list[int]] = {}
+        failures: dict[tuple[str, bool], list[int]] = {}
         for outcome in outcomes:
             ids = [e.envelope_id for e in outcome.item]
             if outcome.skipped:
@@ -142,7 +149,8 @@ class DispatchLoop:
                 result.duplicates += outcome.value.duplicates
             else:
                 error = f"{type(outcome.error).__name__}: {outcome.error}"
-                failures.setdefault(error, []).extend(ids)
+                transient = isinstance(outcome.error, TRANSIENT_ERRORS)
+                failures.setdefault((error, transient), []).extend(ids)
                 log.warning(
                     "send failed for %d envelopes: %s",
                     len(ids),
@@ -153,8 +161,10 @@ class DispatchLoop:
         marked = claim.mark_dispatched(sent_ids, batch.token, result.latencies)
         result.dispatched = marked
         result.lost_lease = len(sent_ids) - marked
-        for error, ids in failures.items():
-            self._record_failure(result, ids, batch.token, error, permanent=False)
+        for (error, transient), ids in failures.items():
+            self._record_failure(result, ids, batch.token, error, permanent=False, transient=transient)
+            if transient:
+                result.transient_failures += len(ids)
         for envelope, reason in permanent:
             self._record_failure(result, [envelope.envelope_id], batch.token, reason, permanent=True)
             log.error(
@@ -166,16 +176,21 @@ class DispatchLoop:
         result.released = claim.release(skipped_ids, batch.token)
         return result
 
-    def _record_failure(self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool) -> None:
+    def _record_failure(
+        self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool, transient: bool = False
+    ) -> None:
         conf = self.conf
         statuses = claim.mark_failed(
             ids,
             token,
             error,
             permanent=permanent,
+            transient=transient,
             max_attempts=conf.MAX_SEND_ATTEMPTS,
             backoff_base=conf.SEND_BACKOFF_BASE,
-            backoff_cap=conf.SEND_BACKOFF_MAX,
+            backoff_cap=min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX)
+            if transient
+            else conf.SEND_BACKOFF_MAX,
         )
         result.dead += sum(1 for s in statuses.values() if s == "dead")
         result.failed += sum(1 for s in statuses.values() if s == "pending")
