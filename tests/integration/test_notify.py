@@ -1,0 +1,98 @@
+"""NOTIFY from the envelope trigger: delivered after commit, never before, never after rollback.
+
+"Not before" is shown without waiting for silence: a sentinel NOTIFY committed by a
+third connection while the business transaction is still open arrives first; anything
+the trigger had sent early would have to arrive before it.
+"""
+
+import threading
+
+import psycopg
+import pytest
+from django.db import transaction
+
+from dispatch_app import submit, submit_many
+from dispatch_app.conf import NOTIFY_CHANNEL, dispatch_settings
+from dispatch_app.dispatch.listener import Listener, listener_conninfo
+from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, Wake
+from tests.factories import PAYLOADS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SENTINEL = "sentinel"
+
+
+@pytest.fixture
+def listen():
+    conn = psycopg.connect(autocommit=True, **listener_conninfo())
+    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def sentinel():
+    conn = psycopg.connect(autocommit=True, **listener_conninfo())
+
+    def send():
+        conn.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, SENTINEL])
+
+    yield send
+    conn.close()
+
+
+def received_until_sentinel(conn) -> list[str]:
+    """Payloads received up to and including the sentinel (bounded: 10s)."""
+    got = []
+    for note in conn.notifies(timeout=10):
+        got.append(note.payload)
+        if note.payload == SENTINEL:
+            break
+    assert got and got[-1] == SENTINEL, f"sentinel never arrived: {got}"
+    return got
+
+
+def test_nothing_before_commit_then_one_notification_per_domain_after(listen, sentinel):
+    with transaction.atomic():
+        submit_many([("delivery", PAYLOADS["delivery"])] * 3 + [("workflow", PAYLOADS["workflow"])])
+        sentinel()
+        assert received_until_sentinel(listen) == [SENTINEL]
+    sentinel()
+    # Identical payloads within one transaction are merged: one per domain.
+    assert sorted(received_until_sentinel(listen)) == sorted(["delivery", "workflow", SENTINEL])
+
+
+def test_nothing_after_rollback(listen, sentinel):
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        submit("delivery", PAYLOADS["delivery"])
+        raise Abort
+    sentinel()
+    assert received_until_sentinel(listen) == [SENTINEL]
+
+
+def test_a_delayed_envelope_still_notifies_on_commit(listen, sentinel):
+    from datetime import timedelta
+
+    submit("delivery", PAYLOADS["delivery"], available_at=timedelta(hours=1))
+    sentinel()
+    assert received_until_sentinel(listen) == ["delivery", SENTINEL]
+
+
+def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
+    conf = dispatch_settings(LISTEN_TIMEOUT=0.1)
+    wake, stop = Wake(), threading.Event()
+    listener = Listener(conf, wake, stop)
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        # LISTEN first, then look: the first wake is the catch-up scan.
+        assert wake.wait(10) == CATCH_UP
+        submit("delivery", PAYLOADS["delivery"])
+        assert wake.wait(10) == NOTIFY
+        assert listener.notifications == 1
+    finally:
+        stop.set()
+        assert listener.join(10)

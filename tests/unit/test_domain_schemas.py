@@ -1,0 +1,55 @@
+"""Each registered domain's payload schema: the demo payloads pass, bad ones name the field."""
+
+import pytest
+
+from dispatch_app.domains import DOMAIN_KEYS, REGISTRY, PayloadError, UnknownDomain, get_domain
+from tests.factories import PAYLOADS
+
+
+def test_the_five_domains_are_registered_with_their_queues():
+    assert set(DOMAIN_KEYS) == {"workflow", "image_series", "delivery", "partial_edit", "agent"}
+    for key, domain in REGISTRY.items():
+        assert domain.key == key
+        assert domain.queue
+        assert domain.task_path.startswith("dispatch_app.domains.")
+
+
+@pytest.mark.parametrize("key", sorted(PAYLOADS))
+def test_the_demo_payload_of_each_domain_is_valid(key):
+    assert get_domain(key).validate(dict(PAYLOADS[key])) == PAYLOADS[key]
+
+
+def test_an_unknown_domain_names_the_valid_ones():
+    with pytest.raises(UnknownDomain, match="unknown domain 'retired'.*delivery"):
+        get_domain("retired")
+
+
+@pytest.mark.parametrize(
+    ("key", "change", "message"),
+    [
+        ("delivery", {"target": None}, r"delivery\.target: required field is missing"),
+        ("delivery", {"asset": 7}, r"delivery\.asset: expected string, got int"),
+        ("delivery", {"asset": "  "}, r"delivery\.asset: must not be empty"),
+        ("delivery", {"colour": "red"}, r"delivery: unknown field\(s\) colour"),
+        ("image_series", {"count": True}, r"image_series\.count: expected integer, got a boolean"),
+        ("image_series", {"count": 9}, r"image_series\.count: must be <= 8"),
+        ("image_series", {"size": 1.5}, r"image_series\.size: expected integer, got float"),
+        ("partial_edit", {"region": [0, 0, 8]}, r"partial_edit\.region: expected 4 items, got 3"),
+        ("partial_edit", {"region": [0, 0, 8, "x"]}, r"partial_edit\.region\[3\]: expected integer"),
+        ("workflow", {"steps": []}, r"workflow\.steps: must not be empty"),
+    ],
+)
+def test_a_bad_payload_names_the_field(key, change, message):
+    payload = dict(PAYLOADS[key])
+    for name, value in change.items():
+        if value is None:
+            payload.pop(name)
+        else:
+            payload[name] = value
+    with pytest.raises(PayloadError, match=message):
+        get_domain(key).validate(payload)
+
+
+def test_a_payload_that_is_not_an_object_is_rejected():
+    with pytest.raises(PayloadError, match="payload must be a JSON object, got list"):
+        get_domain("delivery").validate(["asset", "target"])
