@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.ops.wiring import Ops
 from dispatch_app.runtime.supervisor import Supervisor
 
 
 def build(conf: DispatchSettings, options: dict) -> Supervisor:
     domains = options.get("domains") or list(DOMAIN_KEYS)
-    supervisor = Supervisor(conf, listen=not options.get("no_listen"))
+    # Operations (dispatch_app.ops): metrics observer, heartbeat, retention, --metrics-port.
+    ops = Ops(conf, options)
+    supervisor = Supervisor(conf, listen=not options.get("no_listen"), observer=ops.observer)
     if not options.get("no_recovery"):
         add_recovery_loops(supervisor, conf, domains)
+    ops.attach(supervisor)
     return supervisor
 
 

@@ -1,0 +1,353 @@
+"""The operators' admin: jobs, envelopes, a per-job timeline and a per-domain dashboard.
+
+Staff only (the admin site's login), read-only models, and each action behind
+its own permission (Meta.permissions on Job and DispatchEnvelope). Actions
+change state only through the outbox (dispatch_app.ops.actions); nothing here
+pushes to RQ. django-rq's own admin views are re-registered behind the
+dedicated ``django_rq.admin`` permission, because they can requeue and delete
+RQ jobs directly.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import wraps
+
+from django.contrib import admin, messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from dispatch_app.dbtime import ClockTimestamp
+from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.models import DispatchEnvelope, Job, JobStatus
+from dispatch_app.ops import actions, stats, timeline
+from dispatch_app.ops.chart import throughput_svg
+from dispatch_app.ops.timeline import format_duration
+
+DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
+RQ_PERMISSION = "django_rq.admin"
+
+
+def _older_than(field: str, delta: timedelta) -> dict:
+    cutoff = ExpressionWrapper(
+        ClockTimestamp() - Value(delta, output_field=DurationField()), output_field=DateTimeField()
+    )
+    return {f"{field}__lt": cutoff}
+
+
+class StageFilter(admin.SimpleListFilter):
+    title = "waiting in"
+    parameter_name = "stage"
+    STAGES = {
+        "outbox": ["submitted"],
+        "rq": ["queued"],
+        "worker": ["running"],
+        "finished": ["succeeded", "failed", "outcome_unknown", "cancelled"],
+    }
+
+    def lookups(self, request, model_admin):
+        return [("outbox", "outbox"), ("rq", "RQ queue"), ("worker", "worker"), ("finished", "finished")]
+
+    def queryset(self, request, queryset):
+        if self.value() in self.STAGES:
+            return queryset.filter(status__in=self.STAGES[self.value()])
+        return queryset
+
+
+class AgeFilter(admin.SimpleListFilter):
+    """Ages from the database clock: the cutoff is clock_timestamp() - interval, computed in SQL."""
+
+    title = "age"
+    parameter_name = "older_than"
+    CHOICES = {
+        "1m": timedelta(minutes=1),
+        "5m": timedelta(minutes=5),
+        "1h": timedelta(hours=1),
+        "1d": timedelta(days=1),
+    }
+    field = "submitted_at"
+
+    def lookups(self, request, model_admin):
+        return [(key, f"older than {key}") for key in self.CHOICES]
+
+    def queryset(self, request, queryset):
+        if self.value() in self.CHOICES:
+            return queryset.filter(**_older_than(self.field, self.CHOICES[self.value()]))
+        return queryset
+
+
+class EnvelopeAgeFilter(AgeFilter):
+    field = "created_at"
+
+
+def _since(field: str):
+    return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
+
+
+def _between(start: str, end: str):
+    return ExpressionWrapper(F(end) - F(start), output_field=DurationField())
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows change only through the outbox actions below, never through a form."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+def _report(modeladmin, request, outcomes) -> None:
+    applied = [o for o in outcomes if o.applied]
+    refused = [o for o in outcomes if not o.applied]
+    if applied:
+        modeladmin.message_user(request, "; ".join(o.message for o in applied[:10]), messages.SUCCESS)
+    if refused:
+        modeladmin.message_user(request, "; ".join(o.message for o in refused[:10]), messages.WARNING)
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "domain",
+        "status",
+        "waiting_in",
+        "attempt",
+        "age",
+        "outbox_wait",
+        "queue_wait",
+        "run_time",
+        "timeline_link",
+    )
+    list_filter = ("domain", "status", StageFilter, AgeFilter)
+    search_fields = ("=id", "vendor_request_id")
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False  # no count(*) over a big table on each page
+    actions = ["retry_now", "cancel"]
+    change_list_template = "admin/dispatch_app/job/change_list.html"
+    readonly_fields = [f.name for f in Job._meta.fields]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _age=_since("submitted_at"),
+                _outbox=_between("submitted_at", "dispatched_at"),
+                _queue=_between("dispatched_at", "started_at"),
+                _run=_between("started_at", "finished_at"),
+            )
+        )
+
+    @admin.display(description="waiting in")
+    def waiting_in(self, obj):
+        return timeline.waiting_stage(obj.status)
+
+    @admin.display(description="age", ordering="submitted_at")
+    def age(self, obj):
+        return format_duration(getattr(obj, "_age", None))
+
+    @admin.display(description="outbox")
+    def outbox_wait(self, obj):
+        return format_duration(getattr(obj, "_outbox", None))
+
+    @admin.display(description="RQ queue")
+    def queue_wait(self, obj):
+        return format_duration(getattr(obj, "_queue", None))
+
+    @admin.display(description="worker")
+    def run_time(self, obj):
+        return format_duration(getattr(obj, "_run", None))
+
+    @admin.display(description="timeline")
+    def timeline_link(self, obj):
+        return format_html('<a href="{}">timeline</a>', reverse("admin:dispatch_app_job_timeline", args=[obj.pk]))
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("dispatch_app.retry_job")
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("dispatch_app.cancel_job")
+
+    @admin.action(description="Retry now (through the outbox)", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        _report(
+            self,
+            request,
+            [actions.retry_job_now(pk, user=request.user) for pk in queryset.values_list("pk", flat=True)],
+        )
+
+    @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
+    def cancel(self, request, queryset):
+        _report(
+            self, request, [actions.cancel_job(pk, user=request.user) for pk in queryset.values_list("pk", flat=True)]
+        )
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="dispatch_app_dashboard"),
+            path("<int:job_id>/timeline/", view(self.timeline_view), name="dispatch_app_job_timeline"),
+            *super().get_urls(),
+        ]
+
+    def timeline_view(self, request, job_id: int):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            data = timeline.build(job_id)
+        except Job.DoesNotExist:
+            from django.http import Http404
+
+            raise Http404(f"job {job_id} does not exist") from None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Timeline of {data.job}",
+            "opts": self.model._meta,
+            "timeline": data,
+            "entries": [(e, format_duration(e.until_next)) for e in data.entries],
+            "stages": [(s, format_duration(s.duration)) for s in data.stages],
+        }
+        return TemplateResponse(request, "admin/dispatch_app/timeline.html", context)
+
+    def dashboard_view(self, request):
+        if not request.user.has_perm(DASHBOARD_PERMISSION):
+            raise PermissionDenied
+        snap = stats.snapshot()
+        rows = []
+        for domain in DOMAIN_KEYS:
+            d = snap["domains"][domain]
+            rows.append({"domain": domain, **d, "chart_url": None})
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Dispatch dashboard",
+            "opts": self.model._meta,
+            "snap": snap,
+            "rows": rows,
+            "statuses": [JobStatus.SUBMITTED, JobStatus.QUEUED, JobStatus.RUNNING],
+            "chart": throughput_svg(snap["throughput"]),
+            "fmt": format_duration,
+        }
+        return TemplateResponse(request, "admin/dispatch_app/dashboard.html", context)
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "can_see_dashboard": request.user.has_perm(DASHBOARD_PERMISSION)}
+        return super().changelist_view(request, extra_context)
+
+
+@admin.register(DispatchEnvelope)
+class EnvelopeAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "job_link",
+        "attempt",
+        "domain",
+        "queue",
+        "status",
+        "available_at",
+        "age",
+        "send_attempts",
+        "short_error",
+    )
+    list_filter = ("status", "domain", EnvelopeAgeFilter)
+    search_fields = ("=id", "=job__id")
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ["retry_now", "rearm"]
+    readonly_fields = [f.name for f in DispatchEnvelope._meta.fields]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_age=_since("created_at"))
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, obj):
+        return format_html(
+            '<a href="{}">job {}</a>', reverse("admin:dispatch_app_job_timeline", args=[obj.job_id]), obj.job_id
+        )
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj):
+        return format_duration(getattr(obj, "_age", None))
+
+    @admin.display(description="last error")
+    def short_error(self, obj):
+        return (obj.last_error[:120] + "…") if len(obj.last_error) > 120 else obj.last_error
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("dispatch_app.retry_envelope")
+
+    def has_rearm_permission(self, request):
+        return request.user.has_perm("dispatch_app.rearm_envelope")
+
+    @admin.action(description="Make due now (pending envelopes)", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        ids = queryset.values_list("pk", flat=True)
+        _report(self, request, [actions.retry_envelope_now(pk, user=request.user) for pk in ids])
+
+    @admin.action(description="Re-arm dead envelopes (back to the outbox)", permissions=["rearm"])
+    def rearm(self, request, queryset):
+        ids = queryset.values_list("pk", flat=True)
+        _report(self, request, [actions.rearm_envelope(pk, user=request.user) for pk in ids])
+
+
+# --- django-rq: its admin views can requeue/delete RQ jobs directly, so only a dedicated permission sees them.
+def _restrict_rq_admin() -> None:
+    try:
+        from django_rq.admin import QueueAdmin
+        from django_rq.models import Dashboard
+    except ImportError:  # django-rq not installed: nothing mounted
+        return
+
+    def allowed(request) -> bool:
+        user = request.user
+        return user.is_active and user.is_staff and user.has_perm(RQ_PERMISSION)
+
+    def guard(view):
+        @wraps(view)
+        def wrapper(request, *args, **kwargs):
+            if not (request.user.is_active and request.user.is_staff):
+                return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+            if not allowed(request):
+                raise PermissionDenied
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    class RestrictedQueueAdmin(QueueAdmin):
+        def has_module_permission(self, request):
+            return allowed(request)
+
+        def has_view_permission(self, request, obj=None):
+            return allowed(request)
+
+        def has_change_permission(self, request, obj=None):
+            return allowed(request)
+
+        def changelist_view(self, request, extra_context=None):
+            if not allowed(request):
+                raise PermissionDenied
+            return super().changelist_view(request, extra_context)
+
+        def get_urls(self):
+            urls = super().get_urls()
+            for pattern in urls:
+                pattern.callback = guard(pattern.callback)
+            return urls
+
+    if admin.site.is_registered(Dashboard):
+        admin.site.unregister(Dashboard)
+    admin.site.register(Dashboard, RestrictedQueueAdmin)
+
+
+_restrict_rq_admin()

@@ -1,0 +1,159 @@
+"""Heartbeats: each ``rundispatcher`` records itself and each loop's last successful tick.
+
+``HeartbeatTracker`` is an observer (loop_tick / loop_error) that only notes,
+in memory and on the monotonic clock, when each loop last succeeded.
+``HeartbeatLoop`` writes that to the database every HEARTBEAT_INTERVAL as
+``clock_timestamp() - <seconds since the tick>``: a duration measured on the
+host, anchored on the database clock, so every age read later is the
+database's. Old rows are pruned by ``ops.retention``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from dispatch_app.conf import DispatchSettings
+
+PROCESS = "dispatch_app_dispatcherprocess"
+HEARTBEAT = "dispatch_app_loopheartbeat"
+
+
+@dataclass
+class _LoopState:
+    tick: float | None = None
+    error_at: float | None = None
+    error: str = ""
+    errors: int = 0
+    dirty: bool = True
+
+
+class HeartbeatTracker:
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._loops: dict[str, _LoopState] = {}
+
+    def loop_tick(self, name: str) -> None:
+        with self._lock:
+            state = self._loops.setdefault(name, _LoopState())
+            state.tick, state.dirty = self.clock(), True
+
+    def loop_error(self, name: str, exc: BaseException) -> None:
+        with self._lock:
+            state = self._loops.setdefault(name, _LoopState())
+            state.error_at, state.dirty = self.clock(), True
+            state.error = f"{type(exc).__name__}: {exc}"[:2000]
+            state.errors += 1
+
+    def take(self) -> list[tuple[str, float | None, float | None, str, int]]:
+        """Loops changed since the last take: (name, seconds since tick, seconds since error, error, errors)."""
+        now = self.clock()
+        with self._lock:
+            out = []
+            for name, s in self._loops.items():
+                if s.dirty:
+                    s.dirty = False
+                    out.append(
+                        (
+                            name,
+                            None if s.tick is None else now - s.tick,
+                            None if s.error_at is None else now - s.error_at,
+                            s.error,
+                            s.errors,
+                        )
+                    )
+            return out
+
+    def mark_all_dirty(self) -> None:
+        with self._lock:
+            for state in self._loops.values():
+                state.dirty = True
+
+
+UPSERT_SQL = f"""
+INSERT INTO {HEARTBEAT} (process_id, loop, last_tick_at, last_error_at, last_error, errors)
+VALUES (%(process)s, %(loop)s,
+        clock_timestamp() - make_interval(secs => %(tick)s),
+        clock_timestamp() - make_interval(secs => %(error_at)s), %(error)s, %(errors)s)
+ON CONFLICT (process_id, loop) DO UPDATE SET
+    last_tick_at = COALESCE(EXCLUDED.last_tick_at, {HEARTBEAT}.last_tick_at),
+    last_error_at = COALESCE(EXCLUDED.last_error_at, {HEARTBEAT}.last_error_at),
+    last_error = EXCLUDED.last_error,
+    errors = EXCLUDED.errors
+"""
+
+
+class HeartbeatLoop:
+    name = "heartbeat"
+
+    def __init__(self, conf: DispatchSettings, tracker: HeartbeatTracker, stop: threading.Event, *, listener=None):
+        self.conf = conf
+        self.tracker = tracker
+        self.stop = stop
+        self.listener = listener
+        self.process_id: int | None = None
+        self.process_name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def register(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {PROCESS} (name, hostname, pid, started_at, last_seen_at) "
+                "VALUES (%s, %s, %s, clock_timestamp(), clock_timestamp()) RETURNING id",
+                [self.process_name, socket.gethostname(), os.getpid()],
+            )
+            self.process_id = cursor.fetchone()[0]
+        self.tracker.mark_all_dirty()
+        return self.process_id
+
+    def wait(self) -> str:
+        self.stop.wait(self.conf.HEARTBEAT_INTERVAL)
+        return "tick"
+
+    def run_once(self, trigger: str = "tick") -> int:
+        """Write last_seen_at and the loops' ticks; returns how many loop rows were written."""
+        if self.listener is not None and self.listener.connected.is_set():
+            # The listener is not a loop runner: being connected is its tick.
+            self.tracker.loop_tick(self.listener.name)
+        if self.process_id is None:
+            self.register()
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {PROCESS} SET last_seen_at = clock_timestamp() WHERE id = %s", [self.process_id])
+            if cursor.rowcount == 0:
+                # Pruned while we were silent (a long pause): come back as a new row.
+                self.process_name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+                self.process_id = None
+        if self.process_id is None:
+            self.register()
+        rows = self.tracker.take()
+        if rows:
+            with transaction.atomic(), connection.cursor() as cursor:
+                for name, tick_ago, error_ago, error, errors in rows:
+                    cursor.execute(
+                        UPSERT_SQL,
+                        {
+                            "process": self.process_id,
+                            "loop": name,
+                            "tick": tick_ago,
+                            "error_at": error_ago,
+                            "error": error,
+                            "errors": errors,
+                        },
+                    )
+        return len(rows)
+
+    def mark_stopped(self) -> None:
+        if self.process_id is None:
+            return
+        self.run_once()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {PROCESS} SET stopped_at = clock_timestamp(), last_seen_at = clock_timestamp() WHERE id = %s",
+                [self.process_id],
+            )

@@ -1,0 +1,75 @@
+"""Builders for the operations tests: rows with timestamps set in SQL relative to clock_timestamp()."""
+
+from __future__ import annotations
+
+import pgtrigger
+from django.db import connection
+
+from dispatch_app.models import DispatchEnvelope, Job
+from tests.factories import PAYLOADS
+
+
+def sql(statement: str, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params or [])
+        return cursor.fetchall() if cursor.description else cursor.rowcount
+
+
+def ago(seconds: float) -> str:
+    """An SQL expression: the database clock minus ``seconds``."""
+    return f"clock_timestamp() - make_interval(secs => {float(seconds)})"
+
+
+def job(domain="delivery", status="submitted", *, attempt=1, updated_ago=None, **timestamps_ago) -> Job:
+    """A job; submitted_ago=, dispatched_ago=, started_ago=, finished_ago= are seconds before now."""
+    row = Job.objects.create(domain=domain, payload=dict(PAYLOADS.get(domain, {})), status=status, attempt=attempt)
+    sets = [
+        f"{name.removesuffix('_ago')}_at = {ago(value)}" for name, value in timestamps_ago.items() if value is not None
+    ]
+    if sets:
+        sql(f"UPDATE dispatch_app_job SET {', '.join(sets)} WHERE id = %s", [row.pk])
+    if updated_ago is not None:
+        # The updated_at trigger stamps every UPDATE with clock_timestamp(); bypass it for this one.
+        with pgtrigger.ignore("dispatch_app.Job:job_updated_at_v1"):
+            sql(f"UPDATE dispatch_app_job SET updated_at = {ago(updated_ago)} WHERE id = %s", [row.pk])
+    row.refresh_from_db()
+    return row
+
+
+def envelope(
+    job_row: Job,
+    status="pending",
+    *,
+    attempt=None,
+    created_ago=0.0,
+    available_ago=None,
+    dispatched_ago=None,
+    send_attempts=0,
+    last_error="",
+    queue=None,
+) -> DispatchEnvelope:
+    env = DispatchEnvelope.objects.create(
+        job=job_row,
+        attempt=attempt or job_row.attempt,
+        domain=job_row.domain,
+        queue=queue or job_row.domain,
+        status=status,
+        send_attempts=send_attempts,
+        last_error=last_error,
+    )
+    available = created_ago if available_ago is None else available_ago
+    sets = [f"created_at = {ago(created_ago)}", f"available_at = {ago(available)}"]
+    if dispatched_ago is not None:
+        sets.append(f"dispatched_at = {ago(dispatched_ago)}")
+    sql(f"UPDATE dispatch_app_dispatchenvelope SET {', '.join(sets)} WHERE id = %s", [env.pk])
+    env.refresh_from_db()
+    return env
+
+
+def percentile_cont(values, q: float) -> float:
+    """PostgreSQL's percentile_cont: linear interpolation between the closest ranks."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
