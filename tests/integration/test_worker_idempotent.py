@@ -75,5 +75,7 @@ def test_the_worker_may_start_before_the_mark_and_the_mark_never_moves_the_job_b
     after = Job.objects.get(pk=job.pk)
     assert after.status == JobStatus.SUCCEEDED
     assert after.dispatched_at == done.dispatched_at is not None
+    # One timeline: a job is never started before it was dispatched.
+    assert after.submitted_at <= after.dispatched_at <= after.started_at <= after.finished_at
     assert DispatchEnvelope.objects.get(job=job).status == EnvelopeStatus.DISPATCHED
     assert provider.deliveries == 1

@@ -1,0 +1,157 @@
+"""``rundispatcher`` and ``rqworker`` as real processes against the test database and Redis.
+
+Submitted (committed) jobs are started and succeed; SIGTERM stops the dispatcher with
+exit 0 within its deadline; a second signal exits at once even while a send hangs.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from dispatch_app import submit_many
+from dispatch_app.domains import QUEUE_NAMES
+from dispatch_app.models import Job, JobStatus
+from tests.factories import PAYLOADS
+from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+DEADLINE = 5.0
+
+
+class Process:
+    """A child process whose output lines are collected as they come (no blocking reads in the test)."""
+
+    def __init__(self, args: list[str], env: dict):
+        self.proc = subprocess.Popen(
+            [PYTHON, MANAGE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        for stream in (self.proc.stdout, self.proc.stderr):
+            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self.lines.put(line)
+
+    def wait_for_line(self, text: str, timeout: float = 30.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {timeout}s; output so far:\n{''.join(self.seen)}")
+
+    def output(self) -> str:
+        while not self.lines.empty():
+            self.seen.append(self.lines.get_nowait())
+        return "".join(self.seen)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def processes():
+    started: list[Process] = []
+
+    def start(args: list[str], env: dict) -> Process:
+        process = Process(args, env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def dispatcher_args(*extra: str) -> list[str]:
+    # Recovery has its own tests; the fallback tick is far away, so new work arrives by NOTIFY.
+    return ["rundispatcher", "--no-recovery", "--poll-interval", "60", *extra]
+
+
+def worker_args() -> list[str]:
+    return [
+        "rqworker",
+        *QUEUE_NAMES,
+        "--serializer",
+        "rq.serializers.JSONSerializer",
+        "--worker-class",
+        "rq.worker.SimpleWorker",
+    ]
+
+
+def jobs_of_every_domain() -> list[Job]:
+    return submit_many([(domain, payload) for domain, payload in sorted(PAYLOADS.items())])
+
+
+def test_submitted_jobs_are_started_and_succeed_then_sigterm_exits_0_within_the_deadline(
+    subprocess_env, processes, tmp_path
+):
+    env = dict(subprocess_env, MEDIA_ROOT=str(tmp_path))
+    before = jobs_of_every_domain()  # found by the catch-up scan after LISTEN
+    dispatcher = processes(dispatcher_args("--shutdown-deadline", str(DEADLINE)), env)
+    dispatcher.wait_for_line("rundispatcher pid")
+    worker = processes(worker_args(), env)
+    after = jobs_of_every_domain()  # announced by NOTIFY on commit
+    ids = [job.pk for job in before + after]
+
+    wait_until(
+        lambda: Job.objects.filter(pk__in=ids, status=JobStatus.SUCCEEDED).count() == len(ids),
+        timeout=60,
+        message=f"all {len(ids)} jobs to succeed; statuses: "
+        f"{list(Job.objects.filter(pk__in=ids).values_list('status', flat=True))}",
+    )
+    for job in Job.objects.filter(pk__in=ids):
+        assert job.submitted_at <= job.dispatched_at <= job.started_at <= job.finished_at, job
+        assert job.attempt == 1
+
+    started = time.monotonic()
+    dispatcher.signal(signal.SIGTERM)
+    assert dispatcher.proc.wait(DEADLINE + 10) == 0, dispatcher.output()
+    assert time.monotonic() - started < DEADLINE + 5
+    assert "did not stop" not in dispatcher.output()
+
+    worker.signal(signal.SIGTERM)
+    worker.proc.wait(30)
+
+
+def test_a_second_signal_exits_at_once_while_a_send_hangs(subprocess_env, processes):
+    # A "Redis" that accepts connections and never answers: the dispatcher's send hangs in it.
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.1", 0))
+    blackhole.listen(8)
+    blackhole.settimeout(30)
+    port = blackhole.getsockname()[1]
+    env = dict(subprocess_env, REDIS_URL=f"redis://127.0.0.1:{port}/0", REDIS_SOCKET_TIMEOUT="120")
+    try:
+        jobs_of_every_domain()
+        dispatcher = processes(dispatcher_args("--shutdown-deadline", "120"), env)
+        held, _ = blackhole.accept()  # the send is in flight now
+        dispatcher.wait_for_line("rundispatcher pid")
+        dispatcher.signal(signal.SIGTERM)
+        dispatcher.wait_for_line("stopping")  # the first signal was handled: a clean stop is waiting on the send
+        started = time.monotonic()
+        dispatcher.signal(signal.SIGTERM)
+        assert dispatcher.proc.wait(10) == 1, dispatcher.output()
+        assert time.monotonic() - started < 10
+        held.close()
+    finally:
+        blackhole.close()
