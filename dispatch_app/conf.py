@@ -54,7 +54,7 @@ SPECS: dict[str, _Spec] = {
     "HEARTBEAT_STALE_SECONDS": _Spec(
         120.0, float, 1, 86_400, "a process or loop silent for longer is flagged stale (longer than any loop period)"
     ),
-    "RETENTION_INTERVAL": _Spec(300.0, float, 0.05, 86_400, "seconds between two pruning rounds"),
+    "RETENTION_INTERVAL": _Spec(60.0, float, 0.05, 86_400, "pruning round period, s (< HEARTBEAT_STALE_SECONDS)"),
     "RETENTION_BATCH_SIZE": _Spec(1000, int, 1, 100_000, "rows deleted per pruning transaction"),
     "RETENTION_MAX_BATCHES": _Spec(20, int, 1, 10_000, "pruning transactions per table per round (the bound)"),
     "RETENTION_DISPATCHED_ENVELOPES": _Spec(

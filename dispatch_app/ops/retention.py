@@ -42,6 +42,8 @@ TABLES = {
     ),
 }
 
+CHILDREN = {"processes": [("dispatch_app_loopheartbeat", "process_id")]}
+
 
 @dataclass
 class PruneResult:
@@ -55,9 +57,15 @@ class PruneResult:
 def prune_table(key: str, keep_seconds: float, batch_size: int, max_batches: int) -> tuple[int, int, bool]:
     """Returns (rows deleted, batches run, maybe more left)."""
     table, where, order, _ = TABLES[key]
+    # Django's foreign keys cascade in Python, not in the database: delete the children in the same statement.
+    children = "".join(
+        f", {child}_gone AS (DELETE FROM {child} WHERE {column} IN (SELECT id FROM doomed))"
+        for child, column in CHILDREN.get(key, ())
+    )
     sql = (
-        f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {where} "
-        f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+        f"WITH doomed AS (SELECT id FROM {table} WHERE {where} "
+        f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED){children} "
+        f"DELETE FROM {table} WHERE id IN (SELECT id FROM doomed)"
     )
     deleted = batches = 0
     for _ in range(max_batches):
