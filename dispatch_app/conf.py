@@ -48,7 +48,9 @@ SPECS: dict[str, _Spec] = {
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
     "PROVIDER_LATENCY_MS": _Spec(0.0, float, 0, 600_000, "the local provider's simulated latency"),
     "PROVIDER_FAILURE_RATE": _Spec(0.0, float, 0, 1, "the local provider's share of failed calls"),
-    "RECOVERY": _Spec({}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}}"),
+    "RECOVERY": _Spec(
+        {}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}} (recovery.policy.KEYS)"
+    ),
     # Operations (dispatch_app.ops): heartbeats and retention. docs/operations.md explains each.
     "HEARTBEAT_INTERVAL": _Spec(5.0, float, 0.05, 3600, "how often a dispatcher writes its heartbeat row (s)"),
     "HEARTBEAT_STALE_SECONDS": _Spec(
@@ -104,6 +106,11 @@ def _coerce(key: str, value: Any, spec: _Spec) -> Any:
     if spec.kind is dict:
         if not isinstance(value, dict):
             raise ImproperlyConfigured(f"{where} must be a dict, got {type(value).__name__}")
+        if key == "RECOVERY":
+            # Imported here: the policy module reads the domain registry, which must not import conf.
+            from dispatch_app.recovery.policy import validate_overrides
+
+            return validate_overrides(value)
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")

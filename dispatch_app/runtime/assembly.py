@@ -21,3 +21,10 @@ def build(conf: DispatchSettings, options: dict) -> Supervisor:
 
 def add_recovery_loops(supervisor: Supervisor, conf: DispatchSettings, domains: list[str]) -> None:
     """Seam for dispatch_app.recovery: one loop per domain, each on its own thread."""
+    from dispatch_app.recovery.loop import RecoveryLoop
+    from dispatch_app.recovery.policy import resolve
+
+    # Resolved before any thread starts: a bad override fails the start, not a loop.
+    policies = [resolve(domain, conf.RECOVERY) for domain in domains]
+    for policy in policies:
+        supervisor.add_loop(RecoveryLoop(policy, supervisor.stop), domain=policy.domain)

@@ -1,0 +1,65 @@
+"""What the outside world says about a candidate: RQ's job, its worker, the vendor.
+
+Redis is only a delivery channel and may have lost everything: a missing RQ job
+is evidence too. Reads only; every Redis call is bounded by the socket timeouts
+in REDIS_URL.
+"""
+
+from __future__ import annotations
+
+import redis
+from rq.exceptions import NoSuchJobError
+from rq.job import Job as RQJob
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
+
+from dispatch_app.dispatch.publisher import rq_job_id
+from dispatch_app.recovery.decide import Evidence, JobState
+
+
+def rq_job_status(job_id: int, attempt: int, connection: redis.Redis) -> tuple[str, str | None]:
+    """(status, worker name) of the attempt's RQ job; ("missing", None) when Redis has no such job."""
+    rq_id = rq_job_id(job_id, attempt)
+    if not RQJob.exists(rq_id, connection):
+        return "missing", None
+    try:
+        job = RQJob.fetch(rq_id, connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:  # expired between the two calls
+        return "missing", None
+    status = job.get_status(refresh=False)
+    return (getattr(status, "value", status) or "missing"), (job.worker_name or None)
+
+
+def worker_alive(name: str | None, connection: redis.Redis) -> bool | None:
+    """A worker's hash lives while it heartbeats (it expires after the worker's TTL) and says when it died."""
+    if not name:
+        return None
+    worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=connection)
+    return worker is not None and worker.death_date is None
+
+
+def vendor_status(request_id: str, provider) -> tuple[str, str]:
+    try:
+        return provider.request_status(request_id), ""
+    except Exception as exc:  # the vendor being down is evidence ("ask later"), not a failed round
+        return "error", f"{type(exc).__name__}: {exc}"
+
+
+def gather(state: JobState, policy, connection: redis.Redis, provider) -> Evidence:
+    """Ask only what the decision can use for this state."""
+    if state.status not in ("submitted", "queued", "running"):
+        return Evidence()
+    if state.status == "submitted" and state.envelope_status == "pending":
+        return Evidence()  # in the outbox: the dispatcher's business
+    rq_status, worker = rq_job_status(state.job_id, state.attempt, connection)
+    alive = worker_alive(worker, connection) if rq_status == "started" else None
+    vendor, error = None, ""
+    if (
+        state.status == "running"
+        and not (rq_status == "started" and alive)
+        and not policy.retry_safe
+        and policy.uses_vendor_request_id
+        and state.vendor_request_id
+    ):
+        vendor, error = vendor_status(state.vendor_request_id, provider)
+    return Evidence(rq_status, worker, alive, vendor, error)

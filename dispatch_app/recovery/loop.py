@@ -1,0 +1,72 @@
+"""The per-domain recovery loop, run by ``runtime.runner.LoopRunner`` on its own thread.
+
+It waits for its own period plus jitter (a fresh random share each time, so
+dispatcher processes drift apart), then runs one round. It never continues on a
+full batch: a round that reports ``has_more`` still waits a full period; the
+dispatch loop is the one that drains. Clock, random source and the wait itself
+are injectable, so tests drive it without sleeping.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from dispatch_app.recovery.round import Round, RoundResult, RoundSignals
+from dispatch_app.runtime.wake import STOP, TICK
+
+
+class RecoveryLoop:
+    def __init__(
+        self,
+        policy,
+        stop: threading.Event,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rand: random.Random | None = None,
+        waiter: Callable[[float], bool] | None = None,
+        signals: RoundSignals | None = None,
+        redis=None,
+        provider=None,
+    ):
+        self.policy = policy
+        self.domain = policy.domain
+        self.name = f"recovery-{policy.domain}"
+        self.stop = stop
+        self.clock = clock
+        self.rand = rand or random.Random()
+        # waiter(timeout) -> True when stopped; the default wakes at once on stop.
+        self.waiter = waiter or stop.wait
+        self.round = Round(policy, redis=redis, provider=provider, signals=signals)
+        self.rounds = 0
+        self.busy = 0  # ticks skipped because another session ran this domain
+        self.last: RoundResult | None = None
+        self.waits: list[float] = []  # the pauses asked for, newest last (tests, debugging)
+        # The first round comes after a share of the jitter only: a restarted
+        # process recovers at once, but several processes do not start in step.
+        self._next_due = self.clock() + self._jitter()
+
+    def _jitter(self) -> float:
+        return self.rand.uniform(0, self.policy.jitter_seconds) if self.policy.jitter_seconds else 0.0
+
+    def wait(self) -> str:
+        pause = max(0.0, self._next_due - self.clock())
+        self.waits.append(pause)
+        if self.waiter(pause) or self.stop.is_set():
+            return STOP
+        return TICK
+
+    def run_once(self, trigger: str = TICK) -> RoundResult:
+        try:
+            result = self.round.run_once()
+        finally:
+            # Due again one period after this round, full batch or not, error or not.
+            self._next_due = self.clock() + self.policy.period_seconds + self._jitter()
+        self.last = result
+        if result.ran:
+            self.rounds += 1
+        else:
+            self.busy += 1
+        return result

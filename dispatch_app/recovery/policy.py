@@ -1,0 +1,144 @@
+"""Recovery policy per domain: the domain's defaults, overridden by ``DISPATCH['RECOVERY']``.
+
+Each domain module declares a ``RecoveryPolicy`` next to its task; settings may
+override any field per domain::
+
+    DISPATCH = {"RECOVERY": {"delivery": {"BATCH_SIZE": 50, "RUNNING_STALE_SECONDS": 120}}}
+
+A bad value is an ``ImproperlyConfigured`` naming the domain and the key, raised
+by ``dispatch_app.conf.validate`` (so at start-up, by the system check and by
+every command). This module imports no models: ``conf`` calls it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from dispatch_app.domains import DOMAIN_KEYS, REGISTRY
+from dispatch_app.domains.base import RecoveryPolicy
+
+
+@dataclass(frozen=True)
+class _Key:
+    field: str
+    kind: type
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+    doc: str = ""
+
+
+# Settings key -> RecoveryPolicy field. Defaults come from each domain's module.
+KEYS: dict[str, _Key] = {
+    "QUEUED_STALE_SECONDS": _Key(
+        "queued_stale_seconds", float, 0, 30 * 86_400, doc="a submitted/queued job untouched this long is a candidate"
+    ),
+    "RUNNING_STALE_SECONDS": _Key(
+        "running_stale_seconds", float, 0, 30 * 86_400, doc="a running job untouched this long is a candidate"
+    ),
+    "MAX_ATTEMPTS": _Key("max_attempts", int, 1, 1000, doc="attempts before recovery fails the job instead"),
+    "RETRY_SAFE": _Key("retry_safe", bool, doc="re-running after an interruption repeats no side effect"),
+    "USES_VENDOR_REQUEST_ID": _Key(
+        "uses_vendor_request_id", bool, doc="ask the provider about the recorded vendor request id"
+    ),
+    "BATCH_SIZE": _Key("batch_size", int, 1, 10_000, doc="candidates per round (B; B+1 are read to tell has_more)"),
+    "MAX_REDISPATCHES_PER_ROUND": _Key(
+        "max_redispatches_per_round",
+        int,
+        0,
+        10_000,
+        nullable=True,
+        doc="re-dispatch rate cap per round (None = the batch size; 0 = report only)",
+    ),
+    "PERIOD_SECONDS": _Key("period_seconds", float, 0.01, 86_400, doc="pause between two rounds of one domain"),
+    "JITTER_SECONDS": _Key("jitter_seconds", float, 0, 86_400, doc="random extra pause, so processes spread out"),
+}
+
+
+@dataclass(frozen=True)
+class EffectivePolicy(RecoveryPolicy):
+    """A domain's policy after overrides; adds the knobs the domain modules do not declare."""
+
+    domain: str = ""
+    max_redispatches_per_round: int | None = None
+
+    @property
+    def redispatch_cap(self) -> int:
+        """The batch size bounds the rate cap: one round never re-dispatches more than B."""
+        if self.max_redispatches_per_round is None:
+            return self.batch_size
+        return min(self.max_redispatches_per_round, self.batch_size)
+
+    def stale_seconds(self, status: str) -> float:
+        return self.running_stale_seconds if status == "running" else self.queued_stale_seconds
+
+
+def _coerce(domain: str, key: str, value: Any, spec: _Key) -> Any:
+    where = f"DISPATCH['RECOVERY'][{domain!r}][{key!r}]"
+    if value is None and spec.nullable:
+        return None
+    if spec.kind is bool:
+        if not isinstance(value, bool):
+            raise ImproperlyConfigured(f"{where} must be True or False, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
+    if value != value:  # NaN compares false with every bound
+        raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
+    if spec.kind is int and int(value) != value:
+        raise ImproperlyConfigured(f"{where} must be a whole number, got {value!r}")
+    value = spec.kind(value)
+    if spec.minimum is not None and value < spec.minimum:
+        raise ImproperlyConfigured(f"{where} must be >= {spec.minimum:g}, got {value!r}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise ImproperlyConfigured(f"{where} must be <= {spec.maximum:g}, got {value!r}")
+    return value
+
+
+def _hint(name: str, valid) -> str:
+    close = difflib.get_close_matches(str(name), list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(valid)}"
+
+
+def validate_overrides(raw: Any) -> dict[str, dict[str, Any]]:
+    """Check ``DISPATCH['RECOVERY']``; returns {domain: {KEY: coerced value}}."""
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(f"DISPATCH['RECOVERY'] must be a dict of domain -> overrides, got {raw!r}")
+    clean: dict[str, dict[str, Any]] = {}
+    for domain, overrides in raw.items():
+        if domain not in REGISTRY:
+            raise ImproperlyConfigured(
+                f"DISPATCH['RECOVERY'][{domain!r}] is not a domain{_hint(domain, DOMAIN_KEYS)}"
+                f" (valid domains: {', '.join(DOMAIN_KEYS)})"
+            )
+        if not isinstance(overrides, dict):
+            raise ImproperlyConfigured(
+                f"DISPATCH['RECOVERY'][{domain!r}] must be a dict of setting -> value, got {overrides!r}"
+            )
+        for key in overrides:
+            if key not in KEYS:
+                where = f"DISPATCH['RECOVERY'][{domain!r}][{key!r}]"
+                raise ImproperlyConfigured(f"{where} is not a setting{_hint(key, KEYS)}")
+        clean[domain] = {key: _coerce(domain, key, value, KEYS[key]) for key, value in overrides.items()}
+    return clean
+
+
+def resolve(domain: str, recovery_settings: dict | None = None) -> EffectivePolicy:
+    """The effective policy of one domain (``recovery_settings`` is ``conf.RECOVERY``)."""
+    base = REGISTRY[domain].recovery
+    overrides = validate_overrides(recovery_settings or {}).get(domain, {})
+    policy = EffectivePolicy(**{f: getattr(base, f) for f in base.__dataclass_fields__}, domain=domain)
+    return replace(policy, **{KEYS[key].field: value for key, value in overrides.items()})
+
+
+def resolve_all(recovery_settings: dict | None = None) -> dict[str, EffectivePolicy]:
+    return {domain: resolve(domain, recovery_settings) for domain in DOMAIN_KEYS}
+
+
+def describe(policy: EffectivePolicy) -> dict[str, Any]:
+    """The policy as settings keys, for logs and ``recover --json``."""
+    return {key: getattr(policy, spec.field) for key, spec in KEYS.items()}

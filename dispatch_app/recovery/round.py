@@ -1,0 +1,325 @@
+"""One recovery round of one domain: discover, then re-read, look, decide and act per candidate.
+
+The round holds a session-level advisory lock for its domain, so at most one
+round per domain runs at a time across every dispatcher process (and ``recover
+--once``); a round that finds the lock taken does nothing and says so. Each
+candidate gets its own short transaction, so no lock outlives one job, and a
+round's record (``RecoveryRound``) is written when it starts and when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from django.db import InterfaceError, OperationalError, connection, transaction
+
+from dispatch_app import failpoints
+from dispatch_app.models import JobEvent, RecoveryRound
+from dispatch_app.outbox import redispatch
+from dispatch_app.recovery import decide as decisions
+from dispatch_app.recovery import discovery, evidence
+from dispatch_app.recovery.decide import Decision, JobState
+
+log = logging.getLogger("dispatch_app.recovery")
+
+# Advisory locks are keyed (namespace, hashtext(domain)); the namespace keeps ours apart.
+LOCK_NAMESPACE = 0x5046_5231  # "PFR1"
+
+# The history's event kinds; a re-dispatch is recorded by outbox.redispatch with the same reason.
+EVENT_KINDS = {
+    decisions.REDISPATCH: "recovery_redispatch",
+    decisions.LEAVE_ALONE: "recovery_leave_alone",
+    decisions.OUTCOME_UNKNOWN: "recovery_outcome_unknown",
+    decisions.FAIL: "recovery_fail",
+}
+
+FINISH_SQL = """
+UPDATE dispatch_app_job SET status = %s, finished_at = clock_timestamp(), error = %s
+WHERE id = %s AND attempt = %s AND status = %s
+"""
+# A job left alone goes to the back of the discovery order and is looked at again
+# only after its threshold: otherwise B long-running jobs with live workers would
+# take every slot of every round.
+TOUCH_SQL = "UPDATE dispatch_app_job SET updated_at = clock_timestamp() WHERE id = %s AND attempt = %s"
+
+
+@dataclass
+class CandidateReport:
+    job_id: int
+    status: str
+    attempt: int
+    age_seconds: float
+    decision: str = ""  # a decide.KINDS value, or "" when skipped before deciding
+    reason: str = ""
+    outcome: str = ""  # done | would | locked | moved | deferred | error
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass
+class RoundResult:
+    domain: str
+    ran: bool = True  # False: another session holds this domain's round lock
+    dry_run: bool = False
+    round_id: int | None = None
+    scanned: int = 0
+    redispatched: int = 0
+    left_alone: int = 0
+    unknown: int = 0
+    failed: int = 0
+    skipped: int = 0
+    errors: int = 0
+    has_more: bool = False
+    oldest_candidate_age: float | None = None
+    error: str = ""
+    candidates: list[CandidateReport] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.errors == 0
+
+    @property
+    def status(self) -> str:
+        if not self.ran:
+            return "busy"
+        return "ok" if self.ok else "failed"
+
+    def summary(self) -> dict:
+        data = asdict(self)
+        data["status"] = self.status
+        return data
+
+
+@dataclass
+class RoundSignals:
+    """Test seams: called on the round's thread (a test can block in them)."""
+
+    after_discovery: Callable[[discovery.Discovery], None] | None = None
+    finished: Callable[[RoundResult], None] | None = None
+
+
+def process_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def try_domain_lock(domain: str) -> bool:
+    """Non-blocking: another session's round of this domain means we skip, never wait."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [LOCK_NAMESPACE, domain])
+        return bool(cursor.fetchone()[0])
+
+
+def release_domain_lock(domain: str) -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [LOCK_NAMESPACE, domain])
+    except (OperationalError, InterfaceError):
+        pass  # the session is gone, and its locks with it
+
+
+class Round:
+    def __init__(
+        self,
+        policy,
+        *,
+        redis=None,
+        provider=None,
+        dry_run: bool = False,
+        process: str | None = None,
+        signals: RoundSignals | None = None,
+    ):
+        self.policy = policy
+        self.domain = policy.domain
+        self._redis = redis
+        self._provider = provider
+        self.dry_run = dry_run
+        self.process = process or process_name()
+        self.signals = signals or RoundSignals()
+
+    @property
+    def redis(self):
+        if self._redis is None:
+            from dispatch_app.dispatch.publisher import redis_connection
+
+            self._redis = redis_connection()
+        return self._redis
+
+    @property
+    def provider(self):
+        if self._provider is not None:
+            return self._provider
+        from dispatch_app.providers import get_provider
+
+        return get_provider()
+
+    def run_once(self) -> RoundResult:
+        result = RoundResult(self.domain, dry_run=self.dry_run)
+        if not try_domain_lock(self.domain):
+            result.ran = False
+            log.debug(
+                "%s: another session is running this domain's round; skipping this tick",
+                self.domain,
+                extra={"action": "recovery_busy", "domain": self.domain},
+            )
+            return result
+        try:
+            self._run(result)
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            log.exception(
+                "%s: recovery round failed", self.domain, extra={"action": "recovery_error", "domain": self.domain}
+            )
+            self._record(result, final=True)
+            raise
+        finally:
+            release_domain_lock(self.domain)
+            if self.signals.finished is not None:
+                self.signals.finished(result)
+        return result
+
+    def _run(self, result: RoundResult) -> None:
+        self._record(result, final=False)
+        failpoints.hit(f"recovery_round_{self.domain}")
+        found = discovery.discover(self.policy)
+        result.has_more = found.has_more
+        result.oldest_candidate_age = found.oldest_age
+        if self.signals.after_discovery is not None:
+            self.signals.after_discovery(found)
+        for candidate in found.candidates:
+            report = CandidateReport(candidate.job_id, candidate.status, candidate.attempt, candidate.age_seconds)
+            result.candidates.append(report)
+            result.scanned += 1
+            try:
+                self._candidate(candidate, report, result)
+            except (OperationalError, InterfaceError):
+                raise  # the connection is gone: the round is over, the runner backs off
+            except Exception as exc:
+                result.errors += 1
+                report.outcome, report.reason = "error", f"{type(exc).__name__}: {exc}"
+                log.exception(
+                    "%s: recovering job %s failed",
+                    self.domain,
+                    candidate.job_id,
+                    extra={"action": "recovery_error", "domain": self.domain},
+                )
+        self._record(result, final=True)
+        acted = result.redispatched or result.unknown or result.failed or result.errors
+        level = logging.INFO if acted else logging.DEBUG
+        log.log(
+            level,
+            "%s: round scanned %d, re-dispatched %d, left alone %d, unknown %d, failed %d, skipped %d%s",
+            self.domain,
+            result.scanned,
+            result.redispatched,
+            result.left_alone,
+            result.unknown,
+            result.failed,
+            result.skipped,
+            ", has more" if result.has_more else "",
+            extra={"action": "recovery_round", "domain": self.domain},
+        )
+
+    def _candidate(self, candidate, report: CandidateReport, result: RoundResult) -> None:
+        with transaction.atomic():
+            got = discovery.reread(candidate.job_id)
+            if got is None:
+                result.skipped += 1
+                report.outcome, report.reason = "locked", "row locked by another transaction"
+                return
+            state, now = got
+            if discovery.moved(candidate, state):
+                # Not an order: a worker or a user moved it since discovery. Not touched.
+                result.skipped += 1
+                report.outcome = "moved"
+                report.reason = f"moved since discovery: now {state.status}, attempt {state.attempt}"
+                return
+            seen = evidence.gather(state, self.policy, self.redis, self.provider)
+            decision = decisions.decide(state, seen, self.policy, now)
+            report.decision, report.reason, report.evidence = decision.kind, decision.reason, seen.as_dict()
+            if self.dry_run:
+                report.outcome = "would"
+                return
+            if decision.kind == decisions.REDISPATCH and result.redispatched >= self.policy.redispatch_cap:
+                # The rate cap (a recovery herd after Redis loss): the rest waits for the next round.
+                result.skipped += 1
+                result.has_more = True
+                report.outcome = "deferred"
+                return
+            self._act(state, decision, seen, result)
+            report.outcome = "done"
+        if decision.kind != decisions.LEAVE_ALONE:
+            log.info(
+                "%s job %s attempt %s: %s (%s)",
+                self.domain,
+                state.job_id,
+                state.attempt,
+                decision.kind,
+                decision.reason,
+                extra={"action": f"recovery_{decision.kind}", "domain": self.domain},
+            )
+
+    def _act(self, state: JobState, decision: Decision, seen: evidence.Evidence, result: RoundResult) -> None:
+        kind = decision.kind
+        if kind == decisions.REDISPATCH:
+            # Through the outbox: a new envelope for the next attempt, whose NOTIFY wakes dispatch on commit.
+            redispatch(
+                state.job_id,
+                state.attempt,
+                kind=EVENT_KINDS[kind],
+                reason=decision.reason,
+                allowed_statuses=(state.status,),
+            )
+            result.redispatched += 1
+            return
+        with connection.cursor() as cursor:
+            if kind == decisions.LEAVE_ALONE:
+                cursor.execute(TOUCH_SQL, [state.job_id, state.attempt])
+                result.left_alone += 1
+            else:
+                status = "outcome_unknown" if kind == decisions.OUTCOME_UNKNOWN else "failed"
+                cursor.execute(FINISH_SQL, [status, decision.reason[:4000], state.job_id, state.attempt, state.status])
+                if kind == decisions.OUTCOME_UNKNOWN:
+                    result.unknown += 1
+                else:
+                    result.failed += 1
+        JobEvent.objects.create(
+            job_id=state.job_id,
+            attempt=state.attempt,
+            kind=EVENT_KINDS[kind],
+            reason=decision.reason,
+            data={"evidence": seen.as_dict(), "round": result.round_id},
+        )
+
+    def _record(self, result: RoundResult, *, final: bool) -> None:
+        if self.dry_run:
+            return
+        try:
+            if result.round_id is None:
+                result.round_id = RecoveryRound.objects.create(domain=self.domain, process=self.process[:200]).pk
+            if final:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "UPDATE dispatch_app_recoveryround SET finished_at = clock_timestamp(), scanned = %s, "
+                        "redispatched = %s, left_alone = %s, unknown = %s, failed = %s, skipped = %s, errors = %s, "
+                        "has_more = %s, oldest_candidate_age = %s, error = %s WHERE id = %s",
+                        [
+                            result.scanned,
+                            result.redispatched,
+                            result.left_alone,
+                            result.unknown,
+                            result.failed,
+                            result.skipped,
+                            result.errors,
+                            result.has_more,
+                            result.oldest_candidate_age,
+                            result.error[:4000],
+                            result.round_id,
+                        ],
+                    )
+        except (OperationalError, InterfaceError):
+            if not result.error:
+                raise
+            # Recording a failed round on a dead connection: the log already has it.

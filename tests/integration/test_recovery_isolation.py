@@ -1,0 +1,120 @@
+"""Isolation: one domain's recovery held inside its round holds only itself.
+
+Dispatch is still woken by NOTIFY and by its tick, every other domain keeps
+completing rounds, and on stop the held loop is the only one left behind, named.
+All waiting is on Events; bounded waits are only a safety net.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from dispatch_app import submit
+from dispatch_app.conf import dispatch_settings
+from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.models import Job
+from dispatch_app.recovery.loop import RecoveryLoop
+from dispatch_app.recovery.round import RoundSignals
+from dispatch_app.runtime.supervisor import Supervisor
+from dispatch_app.runtime.wake import NOTIFY, TICK, Wake
+from tests.factories import PAYLOADS
+from tests.helpers import wait_until
+from tests.integration.test_recovery_helpers import policy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SAFETY = 30
+HELD = "image_series"
+
+
+class SteerableTick(Wake):
+    """The dispatch loop's wake, with the fallback tick's length in the test's hands."""
+
+    tick_seconds = 3600.0  # phase 1: no tick can fire, only NOTIFY wakes dispatch
+
+    def wait(self, timeout):
+        return super().wait(self.tick_seconds)
+
+
+class Observer:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.drains: list[tuple[str, int]] = []
+
+    def drained(self, result):
+        with self.lock:
+            self.drains.append((result.trigger, result.dispatched))
+
+    def dispatched_by(self, trigger):
+        with self.lock:
+            return sum(n for t, n in self.drains if t == trigger)
+
+    def loop_tick(self, name):
+        pass
+
+    def loop_error(self, name, exc):
+        pass
+
+    def listener_reconnect(self):
+        pass
+
+
+def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
+    conf = dispatch_settings()
+    wake, observer = SteerableTick(), Observer()
+    supervisor = Supervisor(conf, wake=wake, listen=True, observer=observer)
+    held, release = threading.Event(), threading.Event()
+    lock = threading.Lock()
+    rounds_after_hold: Counter = Counter()
+
+    def hold(found):
+        held.set()
+        release.wait(SAFETY)
+
+    def count(result):
+        if held.is_set():
+            with lock:
+                rounds_after_hold[result.domain] += 1
+
+    for domain in DOMAIN_KEYS:
+        signals = RoundSignals(after_discovery=hold if domain == HELD else None, finished=count)
+        loop = RecoveryLoop(policy(domain, PERIOD_SECONDS=0.02), supervisor.stop, signals=signals, redis=redis_conn)
+        supervisor.add_loop(loop, domain=domain)
+    runners = {r.name: r for r in supervisor.runners}
+    caplog.set_level(logging.ERROR, logger="dispatch_app.supervisor")
+
+    supervisor.start()
+    try:
+        assert held.wait(SAFETY), "the held domain never started a round"
+        assert supervisor.listener.connected.wait(SAFETY)
+
+        # NOTIFY-woken dispatch (no tick can fire yet).
+        first = submit("delivery", PAYLOADS["delivery"])
+        wait_until(lambda: Job.objects.get(pk=first.pk).status == "queued", SAFETY, message="NOTIFY-woken dispatch")
+        assert observer.dispatched_by(NOTIFY) == 1 and observer.dispatched_by(TICK) == 0
+
+        # Tick-woken dispatch: an envelope that becomes claimable after its NOTIFY was spent.
+        wake.tick_seconds = 0.05
+        second = submit("workflow", PAYLOADS["workflow"], available_at=timedelta(seconds=0.3))
+        wait_until(lambda: Job.objects.get(pk=second.pk).status == "queued", SAFETY, message="tick-woken dispatch")
+        assert observer.dispatched_by(TICK) == 1
+
+        others = [d for d in DOMAIN_KEYS if d != HELD]
+        wait_until(lambda: all(rounds_after_hold[d] >= 2 for d in others), SAFETY, message="other domains' rounds")
+        assert rounds_after_hold[HELD] == 0
+
+        supervisor.request_stop()
+        hung = supervisor.join(deadline=1.0)
+        assert hung == [f"recovery-{HELD}"]
+        assert f"loop recovery-{HELD} did not stop" in caplog.text
+        assert all(not r.thread.is_alive() for name, r in runners.items() if name != f"recovery-{HELD}")
+    finally:
+        supervisor.request_stop()
+        release.set()
+        assert runners[f"recovery-{HELD}"].join(SAFETY), "the held loop did not exit after release"
+        supervisor.dispatch.close()
+    assert rounds_after_hold[HELD] == 1  # the held round finished, and no new one started after stop

@@ -1,0 +1,253 @@
+"""One recovery round against real PostgreSQL and real Redis (and a real RQ worker)."""
+
+from __future__ import annotations
+
+import pytest
+from rq.serializers import JSONSerializer
+from rq.worker import SimpleWorker
+
+from dispatch_app import submit
+from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.models import DispatchEnvelope, Job, JobEvent, RecoveryRound
+from dispatch_app.providers import LocalProvider, set_provider
+from dispatch_app.recovery.discovery import Discovery
+from dispatch_app.recovery.round import Round, RoundSignals
+from tests.factories import PAYLOADS
+from tests.integration.test_recovery_helpers import (
+    dispatch_now,
+    mark_rq_started,
+    other_connection,
+    policy,
+    run_workers,
+    snapshot,
+    start_like_a_worker,
+    statuses,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def provider(tmp_path):
+    local = LocalProvider(root=tmp_path)
+    set_provider(local)
+    yield local
+    set_provider(None)
+
+
+def events(job, kind_prefix="recovery_"):
+    return list(JobEvent.objects.filter(job=job, kind__startswith=kind_prefix).order_by("id"))
+
+
+def test_redis_flushed_after_dispatch_every_unfinished_job_is_redispatched_then_runs(redis_conn, provider):
+    jobs = [submit(domain, PAYLOADS[domain]) for domain in DOMAIN_KEYS for _ in range(2)]
+    done = submit("delivery", PAYLOADS["delivery"])
+    cancelled = submit("workflow", PAYLOADS["workflow"])
+    dispatch_now()
+    Job.objects.filter(pk=done.pk).update(status="succeeded")
+    Job.objects.filter(pk=cancelled.pk).update(status="cancelled")
+    terminal_before = list(Job.objects.filter(pk__in=[done.pk, cancelled.pk]).order_by("pk").values())
+
+    redis_conn.flushdb()  # Redis lost everything (the test database only)
+
+    for domain in DOMAIN_KEYS:
+        result = Round(policy(domain), redis=redis_conn, provider=provider).run_once()
+        assert result.ok and result.ran
+        assert (result.scanned, result.redispatched) == (2, 2), result
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.attempt) == ("submitted", 2)
+        (event,) = events(job)
+        assert event.kind == "recovery_redispatch"
+        assert "RQ job is missing" in event.reason and "before the job started" in event.reason
+    # Terminal in PostgreSQL: not candidates, not touched.
+    assert list(Job.objects.filter(pk__in=[done.pk, cancelled.pk]).order_by("pk").values()) == terminal_before
+    assert not JobEvent.objects.filter(job__in=[done, cancelled]).exists()
+
+    dispatch_now()
+    run_workers(redis_conn)
+    assert statuses(jobs) == {job.pk: ("succeeded", 2) for job in jobs}
+
+
+def test_worker_died_mid_run_outcome_unknown_unless_retry_safe(redis_conn, provider):
+    delivery = submit("delivery", PAYLOADS["delivery"])
+    images = submit("image_series", PAYLOADS["image_series"])
+    agent = submit("agent", PAYLOADS["agent"])
+    alive = submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()
+    for job in (delivery, images, agent, alive):
+        job.refresh_from_db()
+        start_like_a_worker(job)
+    for job in (delivery, images, agent):
+        mark_rq_started(redis_conn, job.pk, 1, "worker-that-died")  # its hash is gone: no heartbeat
+    live_worker = SimpleWorker(["delivery"], connection=redis_conn, serializer=JSONSerializer, name="live-one")
+    live_worker.register_birth()
+    mark_rq_started(redis_conn, alive.pk, 1, "live-one")
+    alive_before = Job.objects.get(pk=alive.pk)
+
+    results = {
+        d: Round(policy(d), redis=redis_conn, provider=provider).run_once()
+        for d in ("delivery", "image_series", "agent")
+    }
+
+    assert (results["delivery"].redispatched, results["delivery"].left_alone) == (1, 1)
+    assert results["image_series"].unknown == results["agent"].unknown == 1
+    assert statuses([delivery, images, agent, alive]) == {
+        delivery.pk: ("submitted", 2),
+        images.pk: ("outcome_unknown", 1),
+        agent.pk: ("outcome_unknown", 1),
+        alive.pk: ("running", 1),
+    }
+    images.refresh_from_db()
+    assert images.finished_at is not None and "no vendor request id" in images.error
+    (unknown,) = events(agent)
+    assert unknown.kind == "recovery_outcome_unknown" and "worker-that-died, which is gone" in unknown.reason
+    assert unknown.data["evidence"]["worker_alive"] is False
+    (left,) = events(alive)
+    assert left.kind == "recovery_leave_alone" and "live worker live-one" in left.reason
+    # Left alone = looked at: to the back of the discovery order until its threshold passes again.
+    assert Job.objects.get(pk=alive.pk).updated_at > alive_before.updated_at
+
+    dispatch_now()
+    run_workers(redis_conn)
+    assert statuses([delivery]) == {delivery.pk: ("succeeded", 2)}
+    live_worker.register_death()
+
+
+@pytest.mark.parametrize(
+    ("vendor_says", "expected", "text"),
+    [
+        (None, ("submitted", 2), "never reached the vendor"),
+        ("failed", ("submitted", 2), "failed"),
+        ("pending", ("running", 1), "still pending"),
+        ("succeeded", ("outcome_unknown", 1), "never recorded"),
+    ],
+)
+def test_image_series_asks_the_vendor_about_the_recorded_request(redis_conn, provider, vendor_says, expected, text):
+    job = submit("image_series", PAYLOADS["image_series"])
+    dispatch_now()
+    job.refresh_from_db()
+    start_like_a_worker(job)
+    Job.objects.filter(pk=job.pk).update(vendor_request_id="local-req-1")
+    if vendor_says:
+        provider._record("local-req-1", vendor_says)
+    redis_conn.flushdb()
+
+    result = Round(policy("image_series"), redis=redis_conn, provider=provider).run_once()
+
+    assert result.ok and result.scanned == 1
+    assert statuses([job]) == {job.pk: expected}
+    assert text in JobEvent.objects.filter(job=job, kind__startswith="recovery_").get().reason
+
+
+def test_submitted_job_with_pending_envelope_is_not_a_candidate(redis_conn, provider):
+    job = submit("delivery", PAYLOADS["delivery"])  # never dispatched: in the outbox
+    lost = submit("delivery", PAYLOADS["delivery"])
+    DispatchEnvelope.objects.filter(job=lost).delete()  # submitted, no envelope: lost
+    result = Round(policy("delivery"), redis=redis_conn, provider=provider).run_once()
+    assert (result.scanned, result.redispatched) == (1, 1)
+    assert statuses([job, lost]) == {job.pk: ("submitted", 1), lost.pk: ("submitted", 2)}
+    assert not JobEvent.objects.filter(job=job).exists()
+
+
+def test_front_candidates_locked_by_another_transaction_are_skipped_then_done(redis_conn, provider):
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(3)]
+    dispatch_now()
+    redis_conn.flushdb()
+    front, later = jobs[:2], jobs[2]
+    ordered = list(Job.objects.filter(pk__in=[j.pk for j in jobs]).order_by("updated_at", "id"))
+    assert [j.pk for j in ordered] == [j.pk for j in jobs]
+
+    with other_connection() as other:
+        other.execute("SELECT id FROM dispatch_app_job WHERE id = ANY(%s) FOR UPDATE", [[j.pk for j in front]])
+        first = Round(policy("delivery"), redis=redis_conn, provider=provider).run_once()
+        assert (first.scanned, first.redispatched) == (1, 1)
+        assert statuses(jobs) == {front[0].pk: ("queued", 1), front[1].pk: ("queued", 1), later.pk: ("submitted", 2)}
+        other.rollback()
+
+    second = Round(policy("delivery"), redis=redis_conn, provider=provider).run_once()
+    assert (second.scanned, second.redispatched) == (2, 2)
+    assert [c.job_id for c in second.candidates] == [front[0].pk, front[1].pk]
+    assert statuses(jobs) == {j.pk: ("submitted", 2) for j in jobs}
+
+
+def test_candidate_moved_between_discovery_and_reread_is_not_touched(redis_conn, provider):
+    finished = submit("delivery", PAYLOADS["delivery"])
+    cancelled = submit("delivery", PAYLOADS["delivery"])
+    locked = submit("delivery", PAYLOADS["delivery"])
+    still_lost = submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()
+    redis_conn.flushdb()
+    other = other_connection()
+
+    def move_them(found: Discovery):
+        assert {c.job_id for c in found.candidates} == {finished.pk, cancelled.pk, locked.pk, still_lost.pk}
+        with other.transaction():
+            # A worker finished one, a user cancelled another...
+            other.execute(
+                "UPDATE dispatch_app_job SET status = 'succeeded', finished_at = clock_timestamp() WHERE id = %s",
+                [finished.pk],
+            )
+            other.execute("UPDATE dispatch_app_job SET status = 'cancelled' WHERE id = %s", [cancelled.pk])
+        # ...and a third is held by a transaction that stays open through the re-read.
+        other.execute("SELECT 1 FROM dispatch_app_job WHERE id = %s FOR UPDATE", [locked.pk])
+
+    try:
+        rows_after_move = {}
+        signals = RoundSignals(after_discovery=move_them)
+        result = Round(policy("delivery"), redis=redis_conn, provider=provider, signals=signals).run_once()
+        other.rollback()
+        rows_after_move = {j: Job.objects.filter(pk=j).values().get() for j in (finished.pk, cancelled.pk)}
+    finally:
+        other.close()
+
+    assert (result.scanned, result.skipped, result.redispatched) == (4, 3, 1)
+    outcomes = {c.job_id: c.outcome for c in result.candidates}
+    assert outcomes == {finished.pk: "moved", cancelled.pk: "moved", locked.pk: "locked", still_lost.pk: "done"}
+    assert rows_after_move[finished.pk]["status"] == "succeeded" and rows_after_move[finished.pk]["attempt"] == 1
+    assert rows_after_move[cancelled.pk]["status"] == "cancelled" and rows_after_move[cancelled.pk]["attempt"] == 1
+    assert not JobEvent.objects.filter(job_id__in=[finished.pk, cancelled.pk, locked.pk]).exists()
+    assert DispatchEnvelope.objects.filter(job_id__in=[finished.pk, cancelled.pk, locked.pk]).count() == 3
+    assert statuses([still_lost]) == {still_lost.pk: ("submitted", 2)}
+
+
+def test_round_is_recorded_with_its_counts(redis_conn, provider):
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(4)]
+    dispatch_now()
+    redis_conn.flushdb()
+
+    result = Round(policy("delivery", BATCH_SIZE=3), redis=redis_conn, provider=provider).run_once()
+
+    record = RecoveryRound.objects.get(pk=result.round_id)
+    assert record.domain == "delivery" and record.finished_at >= record.started_at
+    assert (record.scanned, record.redispatched, record.has_more, record.errors) == (3, 3, True, 0)
+    assert record.oldest_candidate_age == pytest.approx(result.oldest_candidate_age) and record.oldest_candidate_age > 0
+    assert [c.job_id for c in result.candidates] == [j.pk for j in jobs[:3]]
+
+
+def test_redispatch_rate_cap_defers_the_rest_to_the_next_round(redis_conn, provider):
+    jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(4)]
+    dispatch_now()
+    redis_conn.flushdb()
+    capped = policy("workflow", MAX_REDISPATCHES_PER_ROUND=1)
+
+    first = Round(capped, redis=redis_conn, provider=provider).run_once()
+    assert (first.scanned, first.redispatched, first.skipped, first.has_more) == (4, 1, 3, True)
+    assert [c.outcome for c in first.candidates] == ["done", "deferred", "deferred", "deferred"]
+    assert not JobEvent.objects.filter(job_id__in=[j.pk for j in jobs[1:]]).exists()
+
+    second = Round(capped, redis=redis_conn, provider=provider).run_once()
+    assert second.candidates[0].job_id == jobs[1].pk and second.redispatched == 1
+
+
+def test_dry_run_decides_but_changes_nothing(redis_conn, provider):
+    for domain in DOMAIN_KEYS:
+        submit(domain, PAYLOADS[domain])
+    dispatch_now()
+    redis_conn.flushdb()
+    before = snapshot()
+    for domain in DOMAIN_KEYS:
+        result = Round(policy(domain), redis=redis_conn, provider=provider, dry_run=True).run_once()
+        assert [(c.decision, c.outcome) for c in result.candidates] == [("redispatch", "would")]
+        assert result.round_id is None
+    assert snapshot() == before

@@ -1,0 +1,176 @@
+"""The pure decision: every branch and boundary, no database, no Redis."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dispatch_app.recovery.decide import (
+    FAIL,
+    LEAVE_ALONE,
+    OUTCOME_UNKNOWN,
+    REDISPATCH,
+    Evidence,
+    JobState,
+    decide,
+)
+from dispatch_app.recovery.policy import resolve
+
+NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+OVERRIDES = {
+    domain: {"QUEUED_STALE_SECONDS": 60, "RUNNING_STALE_SECONDS": 600, "MAX_ATTEMPTS": 3}
+    for domain in ("delivery", "image_series", "agent")
+}
+DELIVERY = resolve("delivery", OVERRIDES)  # retry-safe
+IMAGES = resolve("image_series", OVERRIDES)  # not retry-safe, vendor request id
+AGENT = resolve("agent", OVERRIDES)  # not retry-safe, no vendor evidence
+
+MISSING = Evidence(rq_status="missing")
+DEAD_WORKER = Evidence(rq_status="started", worker_name="w1", worker_alive=False)
+LIVE_WORKER = Evidence(rq_status="started", worker_name="w1", worker_alive=True)
+
+
+def state(status="queued", age=3600.0, attempt=1, envelope="dispatched", vendor=""):
+    return JobState(1, status, attempt, NOW - timedelta(seconds=age), envelope, vendor)
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "outcome_unknown", "cancelled"])
+def test_terminal_jobs_are_left_alone_whatever_the_evidence(status):
+    decision = decide(state(status), MISSING, DELIVERY, NOW)
+    assert decision.kind == LEAVE_ALONE
+    assert ("cancelled by a user" if status == "cancelled" else f"already {status}") in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("status", "threshold"), [("submitted", 60), ("queued", 60), ("running", 600)], ids=["submitted", "queued", "run"]
+)
+def test_threshold_boundary_is_strict_like_the_sql(status, threshold):
+    inside = decide(state(status, age=threshold), MISSING, DELIVERY, NOW)
+    assert inside.kind == LEAVE_ALONE
+    assert inside.reason.startswith("not stale")
+    outside = decide(state(status, age=threshold + 0.001), MISSING, DELIVERY, NOW)
+    assert outside.kind == REDISPATCH
+
+
+def test_threshold_is_per_status():
+    # 120s: stale for queued (60s), not for running (600s).
+    assert decide(state("queued", age=120), MISSING, AGENT, NOW).kind == REDISPATCH
+    assert decide(state("running", age=120), MISSING, AGENT, NOW).kind == LEAVE_ALONE
+
+
+def test_submitted_with_pending_envelope_is_the_dispatchers_business():
+    decision = decide(state("submitted", envelope="pending"), MISSING, DELIVERY, NOW)
+    assert decision.kind == LEAVE_ALONE
+    assert "pending in the outbox" in decision.reason
+
+
+def test_submitted_without_envelope_is_redispatched():
+    decision = decide(state("submitted", envelope=None), MISSING, AGENT, NOW)
+    assert decision.kind == REDISPATCH
+
+
+def test_dead_envelope_fails_the_job():
+    decision = decide(state("submitted", envelope="dead"), MISSING, DELIVERY, NOW)
+    assert decision.kind == FAIL
+    assert "envelope dead" in decision.reason
+
+
+@pytest.mark.parametrize("rq_status", ["queued", "deferred", "scheduled"])
+def test_queued_with_rq_job_waiting_is_left_alone(rq_status):
+    assert decide(state("queued"), Evidence(rq_status=rq_status), AGENT, NOW).kind == LEAVE_ALONE
+
+
+def test_queued_started_on_live_worker_is_left_alone():
+    decision = decide(state("queued"), LIVE_WORKER, AGENT, NOW)
+    assert decision.kind == LEAVE_ALONE
+    assert "live worker w1" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [MISSING, DEAD_WORKER, Evidence(rq_status="failed"), Evidence(rq_status="finished")],
+    ids=["missing", "dead-worker", "rq-failed", "rq-finished"],
+)
+@pytest.mark.parametrize("policy", [DELIVERY, AGENT], ids=["retry-safe", "not-retry-safe"])
+def test_queued_never_started_is_redispatched_even_when_not_retry_safe(evidence, policy):
+    decision = decide(state("queued", attempt=2), evidence, policy, NOW)
+    assert decision.kind == REDISPATCH
+    assert "before the job started" in decision.reason
+    assert "attempt 3 of 3" in decision.reason
+
+
+def test_queued_lost_at_max_attempts_fails():
+    decision = decide(state("queued", attempt=3), MISSING, DELIVERY, NOW)
+    assert decision.kind == FAIL
+    assert "attempts used up (3 of 3)" in decision.reason
+
+
+def test_running_on_live_worker_is_left_alone_even_when_not_retry_safe():
+    decision = decide(state("running"), LIVE_WORKER, AGENT, NOW)
+    assert decision.kind == LEAVE_ALONE
+    assert "running on live worker w1" in decision.reason
+
+
+@pytest.mark.parametrize("evidence", [MISSING, DEAD_WORKER, Evidence(rq_status="failed")], ids=str)
+def test_running_interrupted_retry_safe_is_redispatched(evidence):
+    decision = decide(state("running", attempt=1), evidence, DELIVERY, NOW)
+    assert decision.kind == REDISPATCH
+    assert "re-running is safe" in decision.reason
+
+
+def test_running_interrupted_retry_safe_at_max_attempts_fails():
+    assert decide(state("running", attempt=3), DEAD_WORKER, DELIVERY, NOW).kind == FAIL
+    assert decide(state("running", attempt=2), DEAD_WORKER, DELIVERY, NOW).kind == REDISPATCH
+
+
+@pytest.mark.parametrize("evidence", [MISSING, DEAD_WORKER], ids=["redis-lost", "worker-dead"])
+def test_running_interrupted_not_retry_safe_without_vendor_is_outcome_unknown(evidence):
+    decision = decide(state("running"), evidence, AGENT, NOW)
+    assert decision.kind == OUTCOME_UNKNOWN
+    assert "cannot be checked" in decision.reason
+
+
+def test_started_with_no_worker_named_counts_as_gone():
+    decision = decide(state("running"), Evidence(rq_status="started"), DELIVERY, NOW)
+    assert decision.kind == REDISPATCH
+
+
+def test_vendor_domain_without_request_id_is_outcome_unknown():
+    decision = decide(state("running", vendor=""), DEAD_WORKER, IMAGES, NOW)
+    assert decision.kind == OUTCOME_UNKNOWN
+    assert "no vendor request id" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("vendor", "attempt", "kind", "text"),
+    [
+        ("pending", 1, LEAVE_ALONE, "still pending"),
+        ("succeeded", 1, OUTCOME_UNKNOWN, "succeeded but its result was never recorded"),
+        ("failed", 1, REDISPATCH, "vendor request r-1 failed"),
+        ("unknown", 1, REDISPATCH, "never reached the vendor"),
+        ("failed", 3, FAIL, "attempts used up"),
+        ("unknown", 3, FAIL, "attempts used up"),
+        ("error", 1, LEAVE_ALONE, "unavailable (ConnectionError: down)"),
+    ],
+)
+def test_vendor_evidence(vendor, attempt, kind, text):
+    evidence = Evidence(rq_status="started", worker_name="w1", worker_alive=False, vendor_status=vendor)
+    if vendor == "error":
+        evidence = Evidence(rq_status="missing", vendor_status="error", vendor_error="ConnectionError: down")
+    decision = decide(state("running", attempt=attempt, vendor="r-1"), evidence, IMAGES, NOW)
+    assert decision.kind == kind
+    assert text in decision.reason
+
+
+def test_vendor_evidence_is_ignored_for_retry_safe_domains():
+    evidence = Evidence(rq_status="missing", vendor_status="succeeded")
+    assert decide(state("running", vendor="r-1"), evidence, DELIVERY, NOW).kind == REDISPATCH
+
+
+def test_decide_is_pure_and_uses_only_the_given_now():
+    job = state("queued", age=30)
+    later = NOW + timedelta(seconds=31)
+    assert decide(job, MISSING, DELIVERY, NOW).kind == LEAVE_ALONE
+    assert decide(job, MISSING, DELIVERY, later).kind == REDISPATCH
+    assert decide(job, MISSING, DELIVERY, NOW) == decide(job, MISSING, DELIVERY, NOW)
