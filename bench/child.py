@@ -1,0 +1,158 @@
+"""A dispatcher process for one variant: ``python -m bench.child '<json spec>'``.
+
+It runs the Supervisor that ``rundispatcher`` builds (``runtime.assembly.build``)
+or, for the compared designs, a variant of it:
+
+- ``dispatch``: the shipped design (optionally without LISTEN, or with plain
+  ``FOR UPDATE`` claims for the locked-head comparison), plus optional modeled
+  recovery loops, each on its own thread;
+- ``tick``: one batch per wake (wait-for-tick, the seed's drain);
+- ``serial``: recovery rounds, then a dispatch drain, then wait, in one loop.
+
+Protocol on stdin/stdout: prints ``ready`` once started (and connected when
+listening); reads ``go`` (start dispatching when ``wait_go``) and ``stop``; on
+stop it joins its loops and prints ``stats <json>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+
+def _spec() -> dict:
+    return json.loads(sys.argv[1])
+
+
+class TickLoop:
+    """The seed's drain: one batch per wake or tick, never continuing on a full batch."""
+
+    name = "dispatch"
+
+    def __init__(self, dispatch):
+        self.dispatch = dispatch
+
+    def wait(self) -> str:
+        return self.dispatch.wait()
+
+    def run_once(self, trigger: str):
+        return self.dispatch.dispatch_batch(trigger)
+
+
+class SerialLoop:
+    """The serial design: due recovery rounds, then dispatch, then wait, all on one thread."""
+
+    name = "serial"
+
+    def __init__(self, dispatch, recoveries):
+        self.dispatch = dispatch
+        self.recoveries = recoveries
+
+    def wait(self) -> str:
+        return self.dispatch.wait()
+
+    def run_once(self, trigger: str):
+        for recovery in self.recoveries:
+            if recovery.due():
+                recovery.run_once("tick")
+        return self.dispatch.run_once(trigger)
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "productflow.settings")
+    import django
+
+    django.setup()
+    from bench.recovery_model import ModeledRecovery
+    from dispatch_app.conf import dispatch_settings
+    from dispatch_app.dispatch import claim
+    from dispatch_app.runtime import assembly
+    from dispatch_app.runtime.runner import LoopRunner
+    from dispatch_app.runtime.wake import CATCH_UP
+
+    spec = _spec()
+    conf = dispatch_settings(
+        BATCH_SIZE=spec.get("batch", 100),
+        SEND_CONCURRENCY=spec.get("concurrency", 4),
+        SEND_CHUNK_SIZE=spec.get("chunk", 50),
+        POLL_INTERVAL=spec.get("poll", 1.0),
+    )
+    locking = spec.get("locking")
+    if locking:
+        original = claim.claim_batch
+
+        def claim_with(limit, lease, *, locking_=locking, **_):
+            return original(limit, lease, locking=locking_)
+
+        claim.claim_batch = claim_with
+
+    kind = spec.get("kind", "dispatch")
+    supervisor = assembly.build(conf, {"no_listen": not spec.get("listen", True), "no_recovery": True})
+    recoveries = [
+        ModeledRecovery(
+            domain,
+            period=rec["period"],
+            batch_size=rec.get("batch", 25),
+            stale_seconds=rec.get("stale", 60.0),
+            block_seconds=rec.get("block_domains", {}).get(domain, 0.0),
+            stop=supervisor.stop,
+        )
+        for rec in ([spec["recovery"]] if spec.get("recovery") else [])
+        for domain in rec["domains"]
+    ]
+    dispatch_runner = next(r for r in supervisor.runners if getattr(r, "name", "") == "dispatch")
+    if kind == "tick":
+        dispatch_runner.loop = TickLoop(supervisor.dispatch)
+    elif kind == "serial":
+        dispatch_runner.loop = SerialLoop(supervisor.dispatch, recoveries)
+    if kind != "serial":
+        for recovery in recoveries:
+            supervisor.runners.append(LoopRunner(recovery, supervisor.stop, domain=recovery.domain))
+
+    commands: list[str] = []
+    got = threading.Event()
+
+    def read_stdin():
+        for line in sys.stdin:
+            commands.append(line.strip())
+            got.set()
+        commands.append("stop")
+        got.set()
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+
+    def wait_for(word: str) -> None:
+        while word not in commands and "stop" not in commands:
+            got.wait(0.5)
+            got.clear()
+
+    if spec.get("wait_go"):
+        print("ready", flush=True)
+        wait_for("go")
+        supervisor.start()
+    else:
+        supervisor.start()
+        if supervisor.listener is not None:
+            supervisor.listener.connected.wait(10)
+        print("ready", flush=True)
+    if supervisor.listener is None:
+        supervisor.wake.set(CATCH_UP)
+    wait_for("stop")
+    started = time.monotonic()
+    supervisor.request_stop()
+    hung = supervisor.join(10)
+    stats = {
+        "hung": hung,
+        "stop_seconds": time.monotonic() - started,
+        "scans": supervisor.dispatch.scans,
+        "recovery": {r.domain: r.stats.as_dict() for r in recoveries},
+    }
+    print("stats " + json.dumps(stats), flush=True)
+    supervisor.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""Load and observation shared by the scenarios.
+
+- ``Child``: one dispatcher process (``bench.child``) with the ready/go/stop protocol.
+- ``submit_paced``: the outbox write at a fixed rate; records the client-side commit time.
+- ``RQObserver``: pops our Redis db's RQ queue lists (BLPOP), recording when each
+  job id arrived: the client-side "commit -> in RQ" with one monotonic clock.
+- ``seed_pending`` / ``seed_stale``: bulk SQL for backlogs.
+- ``db_latencies``: ``dispatched_at - submitted_at`` (and ``started_at``) from the DB clock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from bench.env import PYTHON, ROOT, BenchEnv
+
+
+class Child:
+    def __init__(self, env: BenchEnv, spec: dict, *, ready_timeout: float = 60.0):
+        self.spec = spec
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "bench.child", json.dumps(spec)],
+            cwd=str(ROOT),
+            env=env.child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.stats: dict = {}
+        self._stderr: list[str] = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            line = self.proc.stdout.readline()
+            if line.strip() == "ready":
+                break
+            if not line and self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"dispatcher child did not start: {''.join(self._stderr)[-2000:]}")
+
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+            del self._stderr[:-200]
+
+    def send(self, word: str) -> None:
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+
+    def go(self) -> None:
+        self.send("go")
+
+    def stop(self, timeout: float = 30.0) -> dict:
+        try:
+            self.send("stop")
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out = ""
+        for line in (out or "").splitlines():
+            if line.startswith("stats "):
+                self.stats = json.loads(line[6:])
+        return self.stats
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+
+class RQObserver:
+    """Pops RQ queue lists and records the arrival time of each job id (monotonic)."""
+
+    def __init__(self, redis_url: str, queues: list[str]):
+        import redis
+
+        self.redis = redis.Redis.from_url(redis_url)
+        self.keys = [f"rq:queue:{q}" for q in queues]
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-rq-observer", daemon=True)
+
+    def start(self) -> RQObserver:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            item = self.redis.blpop(self.keys, timeout=0.2)
+            if item is None:
+                continue
+            now = time.monotonic()
+            rq_id = item[1].decode()
+            # pf-<job id>-<attempt>
+            try:
+                job_id = int(rq_id.split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            self.seen.setdefault(job_id, now)
+
+    def wait_for(self, ids, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        wanted = set(ids)
+        while time.monotonic() < deadline:
+            if wanted.issubset(self.seen.keys()):
+                return True
+            time.sleep(0.02)
+        return wanted.issubset(self.seen.keys())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(5)
+
+
+def _domains(domains: list[str] | None) -> list[str]:
+    from dispatch_app.domains import DOMAIN_KEYS
+
+    return list(domains or DOMAIN_KEYS)
+
+
+def submit_paced(
+    rate: float,
+    count: int,
+    *,
+    domains: list[str] | None = None,
+    group_interval: float = 0.005,
+    on_commit: Callable[[list[int], float], None] | None = None,
+    stop: threading.Event | None = None,
+) -> dict:
+    """Submit `count` jobs at `rate`/s, ``rate*group_interval`` jobs per transaction (at least 1).
+
+    Returns job id -> monotonic time right after the commit, and the achieved rate.
+    """
+
+    from dispatch_app.demo_payloads import demo_payload
+    from dispatch_app.outbox import JobSpec, submit_many
+
+    keys = _domains(domains)
+    group = max(1, round(rate * group_interval))
+    interval = group / rate
+    committed: dict[int, float] = {}
+    start = time.monotonic()
+    sent = 0
+    index = 0
+    try:
+        while sent < count and not (stop is not None and stop.is_set()):
+            target = start + index * interval
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            n = min(group, count - sent)
+            specs = [
+                JobSpec(keys[(sent + i) % len(keys)], demo_payload(keys[(sent + i) % len(keys)], sent + i))
+                for i in range(n)
+            ]
+            jobs = submit_many(specs)
+            now = time.monotonic()
+            ids = [job.pk for job in jobs]
+            for job_id in ids:
+                committed[job_id] = now
+            if on_commit is not None:
+                on_commit(ids, now)
+            sent += n
+            index += 1
+    finally:
+        elapsed = time.monotonic() - start
+    return {"committed": committed, "elapsed": elapsed, "achieved_rate": sent / elapsed if elapsed > 0 else None}
+
+
+def db_latencies(ids, column: str = "dispatched_at") -> dict[int, float]:
+    """ms from submitted_at to `column` per job, from the database clock."""
+    from django.db import connection
+
+    if column not in {"dispatched_at", "started_at", "finished_at"}:
+        raise ValueError(column)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, extract(epoch FROM {column} - submitted_at) * 1000 FROM dispatch_app_job "
+            f"WHERE id = ANY(%s) AND {column} IS NOT NULL",
+            [list(ids)],
+        )
+        return {row[0]: float(row[1]) for row in cursor.fetchall()}
+
+
+def queue_names() -> list[str]:
+    from dispatch_app.domains import QUEUE_NAMES
+
+    return list(QUEUE_NAMES)
+
+
+def _domain_arrays(domains: list[str] | None) -> tuple[list[str], list[str]]:
+    from dispatch_app.domains import REGISTRY
+
+    keys = _domains(domains)
+    return keys, [REGISTRY[k].queue for k in keys]
+
+
+def seed_pending(count: int, *, domains: list[str] | None = None, envelope_status: str = "pending") -> tuple[int, int]:
+    """`count` submitted jobs with one envelope each, claimable now; returns (first, last) job id."""
+    from django.db import connection
+
+    keys, queues = _domain_arrays(domains)
+    job_status = "submitted" if envelope_status == "pending" else "queued"
+    dispatched = "clock_timestamp()" if envelope_status != "pending" else "NULL"
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 0")
+        cursor.execute(
+            f"""
+            WITH j AS (
+                INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id,
+                                              submitted_at, updated_at, dispatched_at)
+                SELECT (%(keys)s::text[])[1 + g %% %(n)s], %(job_status)s, 1,
+                       '{{"workflow_id": "bench", "steps": ["a"]}}'::jsonb, '', '',
+                       clock_timestamp(), clock_timestamp(), {dispatched}
+                FROM generate_series(0, %(count)s - 1) g
+                RETURNING id, domain
+            )
+            INSERT INTO dispatch_app_dispatchenvelope (job_id, attempt, domain, queue, status, available_at,
+                                                       send_attempts, last_error, created_at, dispatched_at)
+            SELECT j.id, 1, j.domain, (%(queues)s::text[])[array_position(%(keys)s::text[], j.domain)],
+                   %(env_status)s, clock_timestamp() - interval '1 second', 0, '', clock_timestamp(), {dispatched}
+            FROM j ORDER BY j.id
+            RETURNING job_id
+            """,
+            {
+                "keys": keys,
+                "queues": queues,
+                "n": len(keys),
+                "count": count,
+                "job_status": job_status,
+                "env_status": envelope_status,
+            },
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        cursor.execute("RESET statement_timeout")
+        cursor.execute("ANALYZE dispatch_app_dispatchenvelope")
+        cursor.execute("ANALYZE dispatch_app_job")
+    return (min(ids), max(ids)) if ids else (0, 0)
+
+
+def seed_stale(per_domain: int, domains: list[str], *, oldest_hours: float = 2.0) -> None:
+    """`per_domain` queued jobs per domain whose last update lies between 1 h and `oldest_hours` ago."""
+    from django.db import connection
+
+    spread = (oldest_hours - 1.0) * 3600.0
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 0")
+        for domain in domains:
+            cursor.execute(
+                """
+                INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id,
+                                              submitted_at, updated_at, dispatched_at)
+                SELECT %(domain)s, 'queued', 1, %(payload)s::jsonb, '', '', ts, ts, ts
+                FROM (SELECT clock_timestamp() - interval '1 hour'
+                             - make_interval(secs => %(spread)s * g / %(n)s) AS ts
+                      FROM generate_series(1, %(n)s) g) s
+                """,
+                {"domain": domain, "payload": json.dumps(_payload(domain)), "spread": spread, "n": per_domain},
+            )
+        cursor.execute("RESET statement_timeout")
+        cursor.execute("ANALYZE dispatch_app_job")
+
+
+def _payload(domain: str) -> dict:
+    from dispatch_app.demo_payloads import demo_payload
+
+    return demo_payload(domain, 0)
+
+
+def db_now() -> float:
+    """The database clock as epoch seconds."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())")
+        return float(cursor.fetchone()[0])
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def pending_count() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM dispatch_app_dispatchenvelope WHERE status = 'pending'")
+        return cursor.fetchone()[0]
+
+
+def dispatch_offsets(t0_epoch: float, where: str = "TRUE", params=None) -> list[float]:
+    """Seconds from t0 (DB epoch) to each envelope's dispatched_at."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM dispatched_at) - %s FROM dispatch_app_dispatchenvelope "
+            f"WHERE status = 'dispatched' AND {where}",
+            [t0_epoch, *(params or [])],
+        )
+        return [float(r[0]) for r in cursor.fetchall()]
+
+
+def latency_run(
+    env: BenchEnv,
+    spec: dict,
+    *,
+    rate: float,
+    count: int,
+    warmup: int = 10,
+    settle: float = 5.0,
+    domains: list[str] | None = None,
+    before: Callable[[], None] | None = None,
+    during: Callable[[], None] | None = None,
+) -> tuple[dict, dict, Child]:
+    """Start a dispatcher child, submit `count` jobs at `rate`, and measure commit -> in RQ.
+
+    Returns (metrics, series, child). `before` runs after the child is ready
+    (e.g. start a sampler), `during` right before the paced submission.
+    Latencies are in ms: ``db_*`` from dispatched_at - submitted_at (DB clock),
+    ``client_*`` from the commit's return to the job id popping out of RQ.
+    """
+    from bench.stats import cdf_points, summarize
+
+    observer = RQObserver(env.redis_url, queue_names()).start()
+    child = Child(env, spec)
+    try:
+        if before is not None:
+            before()
+        if warmup:
+            warm = submit_paced(min(rate, 100), warmup, domains=domains)
+            observer.wait_for(warm["committed"], timeout=settle)
+        if during is not None:
+            during()
+        result = submit_paced(rate, count, domains=domains)
+        committed = result["committed"]
+        observer.wait_for(committed, timeout=settle)
+    finally:
+        stats = child.stop()
+        observer.stop()
+    client = [(observer.seen[i] - t) * 1000 for i, t in committed.items() if i in observer.seen]
+    db = list(db_latencies(committed).values())
+    metrics = {"jobs": len(committed), "achieved_rate": result["achieved_rate"], "missing": len(committed) - len(db)}
+    for prefix, values in (("db", db), ("client", client)):
+        summary = summarize(values)
+        for key in ("p50", "p95", "p99", "max"):
+            metrics[f"{prefix}_{key}_ms"] = summary[key]
+    series = {"db_cdf": cdf_points(db), "client_cdf": cdf_points(client)}
+    child.stats = stats
+    return metrics, series, child

@@ -1,0 +1,136 @@
+"""recovery-storm: 5 domains x 10k stale candidates while new jobs arrive at a fixed rate.
+
+``recovery on``: one recovery loop per domain (own thread and connection, period
+1 s, B = 25) re-dispatches or finishes stale jobs through the outbox while the
+dispatch loop serves new jobs; ``recovery off``: the same process, same backlog,
+no recovery loops. Measured: new-job latency, each domain's oldest-candidate
+age over time, effective recoveries per domain (actions / candidates scanned),
+time sessions spent waiting for locks (pg_stat_activity sampled every 100 ms)
+and time the loops spent getting a database connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from bench import Context, record, side_by_side
+from bench.load import latency_run, seed_stale
+from bench.stats import ratio
+
+NAME = "recovery-storm"
+VARIANTS = ["off", "on"]
+STALE_SECONDS = 600.0
+
+AGE_SQL = """
+SELECT domain, extract(epoch FROM clock_timestamp() - min(updated_at))
+FROM dispatch_app_job
+WHERE status IN ('submitted', 'queued', 'running')
+  AND updated_at < clock_timestamp() - make_interval(secs => %s)
+GROUP BY domain
+"""
+
+WAIT_SQL = """
+SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*)
+FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
+class Sampler:
+    def __init__(self, env, domains):
+        self.env = env
+        self.domains = domains
+        self.ages: dict[str, list] = {d: [] for d in domains}
+        self.lock_wait_s = 0.0
+        self.max_backends = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="bench-storm-sampler")
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self.thread.start()
+
+    def _run(self):
+        with self.env.raw() as conn:
+            last_age = 0.0
+            while not self._stop.wait(0.1):
+                now = time.monotonic() - self.t0
+                waiting, backends = conn.execute(WAIT_SQL).fetchone()
+                self.lock_wait_s += waiting * 0.1
+                self.max_backends = max(self.max_backends, backends)
+                if now - last_age >= 0.25:
+                    last_age = now
+                    seen = dict(conn.execute(AGE_SQL, [STALE_SECONDS]).fetchall())
+                    for domain in self.domains:
+                        age = seen.get(domain)
+                        self.ages[domain].append((round(now, 3), float(age) if age is not None else 0.0))
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(5)
+
+
+def run(ctx: Context) -> list[dict]:
+    from dispatch_app.domains import DOMAIN_KEYS
+
+    env = ctx.env
+    domains = list(DOMAIN_KEYS)
+    per_domain = int(ctx.size("storm_stale_per_domain", 10_000, 200))
+    rate = ctx.size("storm_rate", 200.0, 200.0)
+    seconds = ctx.size("storm_seconds", 10.0, 0.6)
+    period = ctx.size("storm_period_s", 1.0, 0.2)
+
+    def run_one(variant: str, index: int):
+        env.reset()
+        seed_stale(per_domain, domains)
+        sampler = Sampler(env, domains)
+        spec = {"kind": "dispatch", "listen": True, "poll": 1.0}
+        if variant == "on":
+            spec["recovery"] = {"domains": domains, "period": period, "batch": 25, "stale": STALE_SECONDS}
+        try:
+            metrics, series, child = latency_run(env, spec, rate=rate, count=int(rate * seconds), before=sampler.start)
+        finally:
+            sampler.stop()
+        rec = child.stats.get("recovery", {})
+        scanned = sum(d["scanned"] for d in rec.values())
+        actions = sum(d["redispatched"] + d["unknown"] for d in rec.values())
+        metrics.update(
+            {
+                "recovered": actions,
+                "scanned": scanned,
+                "effective_pct": 100.0 * actions / scanned if scanned else None,
+                "lock_wait_s": sampler.lock_wait_s,
+                "connect_s": sum(d["connect_seconds"] for d in rec.values()),
+                "max_backends": sampler.max_backends,
+            }
+        )
+        for domain, d in rec.items():
+            metrics[f"{domain}.recovered"] = d["redispatched"] + d["unknown"]
+            metrics[f"{domain}.effective_pct"] = (
+                100.0 * (d["redispatched"] + d["unknown"]) / d["scanned"] if d["scanned"] else None
+            )
+            metrics[f"{domain}.rounds"] = d["rounds"]
+        for domain, points in sampler.ages.items():
+            if points:
+                metrics[f"{domain}.oldest_age_drop_s"] = points[0][1] - points[-1][1]
+        series["oldest_age"] = sampler.ages
+        return metrics, series
+
+    out = side_by_side(ctx, NAME, VARIANTS, run_one)
+    params = {
+        "stale_per_domain": per_domain,
+        "domains": len(domains),
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "recovery_period_s": period,
+        "recovery_batch": 25,
+    }
+    records = [
+        record(NAME, v, dict(params, recovery=v), out["runs"][v], out["series"][v], error=out["errors"].get(v))
+        for v in VARIANTS
+    ]
+    base = records[0]["metrics"].get("db_p99_ms")
+    for rec in records:
+        if rec["metrics"]:
+            rec["metrics"]["p99_x_off"] = ratio(rec["metrics"].get("db_p99_ms"), base)
+    return records

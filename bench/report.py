@@ -1,0 +1,159 @@
+"""The results: a table on stdout, JSON (one record per scenario + variant), PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Headline metrics per scenario, in table order (others stay in the JSON).
+HEADLINES: dict[str, list[str]] = {
+    "idle-latency": ["db_p50_ms", "db_p95_ms", "db_p99_ms", "client_p50_ms", "client_p99_ms", "db_p50_x_notify"],
+    "isolation": ["db_p50_ms", "db_p99_ms", "client_p99_ms", "db_max_ms", "p99_x_unloaded"],
+    "drain": ["envelopes", "drain_s", "rate_per_s", "extra_wait_s", "predicted_extra_wait_s"],
+    "locked-head": ["later_rows_s", "head_rows_s", "hold_s", "later_x_skip_locked"],
+    "recovery-storm": ["db_p50_ms", "db_p99_ms", "p99_x_off", "recovered", "effective_pct", "lock_wait_s", "connect_s"],
+    "send-admission": ["largest_batch", "peak_threads", "peak_rss_mb", "peak_vms_mb", "seconds"],
+    "index": ["envelopes_per_s", "claim_p50_ms", "claim_p99_ms", "plan_ms", "index_mb", "x_partial"],
+    "peers": [
+        "drain_per_s",
+        "e2e_per_s",
+        "latency_start_p50_ms",
+        "latency_start_p99_ms",
+        "latency_dispatch_p50_ms",
+        "drain_x_peer",
+    ],
+}
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def table(records: list[dict]) -> str:
+    lines = []
+    current = None
+    for rec in records:
+        if rec["scenario"] != current:
+            current = rec["scenario"]
+            keys = HEADLINES.get(current, [])
+            lines.append("")
+            lines.append(f"== {current} ==")
+            lines.append("  " + f"{'variant':<28}" + "".join(f"{k:>18}" for k in keys))
+        keys = HEADLINES.get(current, [])
+        if rec.get("error") and not rec["metrics"]:
+            lines.append(f"  {rec['variant']:<28}  ERROR: {rec['error']}")
+            continue
+        lines.append("  " + f"{rec['variant']:<28}" + "".join(f"{fmt(rec['metrics'].get(k)):>18}" for k in keys))
+        if rec.get("error"):
+            lines.append(f"  {'':<28}  (a run failed: {rec['error']})")
+    return "\n".join(lines).lstrip("\n")
+
+
+def markdown_table(records: list[dict], scenario: str) -> str:
+    keys = HEADLINES.get(scenario, [])
+    rows = [r for r in records if r["scenario"] == scenario]
+    out = ["| variant | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    for rec in rows:
+        if rec.get("error") and not rec["metrics"]:
+            out.append(f"| {rec['variant']} | error: {rec['error']} |")
+            continue
+        out.append(f"| {rec['variant']} | " + " | ".join(fmt(rec["metrics"].get(k)) for k in keys) + " |")
+    return "\n".join(out)
+
+
+def write_json(records: list[dict], out: Path, header: dict) -> Path:
+    path = out / "results.json"
+    payload = [dict(header, **rec) for rec in records]
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def plots(records: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    by_scenario: dict[str, list[dict]] = {}
+    for rec in records:
+        by_scenario.setdefault(rec["scenario"], []).append(rec)
+
+    def save(fig, name: str) -> None:
+        path = out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    for scenario in ("idle-latency", "isolation", "recovery-storm", "peers"):
+        recs = [r for r in by_scenario.get(scenario, []) if r["series"].get("db_cdf")]
+        if not recs:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for rec in recs:
+            xs, ys = zip(*rec["series"]["db_cdf"], strict=True)
+            ax.plot([max(x, 0.01) for x in xs], ys, label=rec["variant"])
+        ax.set_xscale("log")
+        ax.set_xlabel("commit -> in RQ, ms (dispatched_at - submitted_at, DB clock; log scale)")
+        ax.set_ylabel("fraction of jobs")
+        ax.set_title(f"{scenario}: latency CDF")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        save(fig, f"{scenario}-latency-cdf.png")
+
+    drain = [r for r in by_scenario.get("drain", []) if r["series"].get("progress")]
+    if drain:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for rec in drain:
+            xs, ys = zip(*rec["series"]["progress"], strict=True)
+            ax.plot(xs, ys, label=rec["variant"], drawstyle="steps-post")
+        ax.set_xlabel("seconds since go (DB clock)")
+        ax.set_ylabel("envelopes dispatched")
+        ax.set_title("drain progress")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        save(fig, "drain-progress.png")
+
+    storm = [r for r in by_scenario.get("recovery-storm", []) if r["series"].get("oldest_age")]
+    if storm:
+        fig, axes = plt.subplots(1, len(storm), figsize=(5 * len(storm), 4), squeeze=False)
+        for ax, rec in zip(axes[0], storm, strict=True):
+            for domain, points in sorted(rec["series"]["oldest_age"].items()):
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(xs, [y / 60 for y in ys], label=domain)
+            ax.set_title(f"oldest candidate age, recovery {rec['variant']}")
+            ax.set_xlabel("seconds")
+            ax.set_ylabel("minutes")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        save(fig, "recovery-storm-candidate-age.png")
+
+    admission = [r for r in by_scenario.get("send-admission", []) if r["series"].get("by_batch")]
+    if admission:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        for rec in admission:
+            points = rec["series"]["by_batch"]
+            xs = [p["batch"] for p in points]
+            a1.plot(xs, [p["peak_threads"] for p in points], marker="o", label=rec["variant"])
+            a2.plot(xs, [p["peak_rss_mb"] for p in points], marker="o", label=rec["variant"])
+        for ax, label in ((a1, "peak threads"), (a2, "peak RSS growth, MB")):
+            ax.set_xlabel("chunks in the batch")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        save(fig, "send-admission.png")
+    return written

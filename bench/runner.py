@@ -1,0 +1,101 @@
+"""Runs the chosen scenarios on the bench's own database and Redis db, then reports."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench import SCENARIOS, Context, scenario_module
+from bench.env import BenchEnv, load_average, machine, versions
+from bench.report import plots as write_plots
+from bench.report import table, write_json
+
+
+def run(
+    *,
+    scenarios: list[str],
+    quick: bool,
+    repeat: int,
+    out: Path,
+    sizes: dict,
+    database_url: str | None,
+    bench_db: str,
+    redis_url: str | None,
+    redis_db: int,
+    keep_db: bool,
+    plots: bool,
+    stdout,
+) -> int:
+    def log(text: str) -> None:
+        stdout.write(text)
+        stdout.flush()
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = BenchEnv(
+        database_url=database_url, db_name=bench_db, redis_url=redis_url, redis_db=redis_db, keep_db=keep_db, log=log
+    )
+    started = time.monotonic()
+    load_before = machine()
+    records: list[dict] = []
+    env.setup()
+    try:
+        header = {
+            "machine": load_before,
+            "versions": dict(versions(), postgresql=env.server_version(), redis_server=env.redis_version()),
+            "where": env.describe(),
+            "quick": quick,
+            "repeat": repeat,
+        }
+        log(
+            f"dispatchbench: {header['where']['database']}, redis {header['where']['redis']}, "
+            f"{load_before['cores']} cores, load {load_before['load_average']}, repeat {repeat}"
+            f"{' (quick)' if quick else ''}"
+        )
+        for name in scenarios:
+            scenario_started = time.monotonic()
+            log(f"{name}:")
+            ctx = Context(env=env, quick=quick, repeat=repeat, log=log, sizes=sizes)
+            try:
+                recs = scenario_module(name).run(ctx)
+            except Exception as exc:  # noqa: BLE001 - one scenario's failure is recorded, the run goes on
+                log(f"  {name} failed: {type(exc).__name__}: {exc}")
+                recs = [
+                    {
+                        "scenario": name,
+                        "variant": v,
+                        "params": {},
+                        "metrics": {},
+                        "repeats": [],
+                        "series": {},
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                    for v in scenario_module(name).VARIANTS
+                ]
+                try:
+                    env.reset()
+                except Exception:  # noqa: BLE001, S110 - the next scenario resets again
+                    pass
+            for rec in recs:
+                rec["seconds"] = round(time.monotonic() - scenario_started, 2)
+            records.extend(recs)
+        header["load_after"] = load_average()
+        header["total_seconds"] = round(time.monotonic() - started, 1)
+    finally:
+        env.teardown()
+    json_path = write_json(records, out, header)
+    log("")
+    log(table(records))
+    log("")
+    log(f"results: {json_path}")
+    if plots:
+        for path in write_plots(records, out):
+            log(f"plot: {path}")
+    log(f"total {header['total_seconds']} s; load before {load_before['load_average']}, after {header['load_after']}")
+    # A peer that cannot install or run here is a recorded result, not a failed run.
+    failed = [
+        r
+        for r in records
+        if r.get("error") and not r["metrics"] and (r["scenario"] != "peers" or r["variant"] == "productflow")
+    ]
+    assert set(SCENARIOS) >= {r["scenario"] for r in records}
+    return 1 if failed else 0
