@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import redis
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from dispatch_app import failpoints
@@ -25,6 +26,10 @@ from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.decide import Decision, JobState
 
 log = logging.getLogger("dispatch_app.recovery")
+
+# The database or Redis itself is gone: every next candidate would fail the same way
+# (each after a socket timeout), so the round ends and the runner backs off.
+ROUND_FATAL = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
 
 # Advisory locks are keyed (namespace, hashtext(domain)); the namespace keeps ours apart.
 LOCK_NAMESPACE = 0x5046_5231  # "PFR1"
@@ -194,8 +199,8 @@ class Round:
             result.scanned += 1
             try:
                 self._candidate(candidate, report, result)
-            except (OperationalError, InterfaceError):
-                raise  # the connection is gone: the round is over, the runner backs off
+            except ROUND_FATAL:
+                raise
             except Exception as exc:
                 result.errors += 1
                 report.outcome, report.reason = "error", f"{type(exc).__name__}: {exc}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 
@@ -15,7 +16,7 @@ from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import DispatchEnvelope, Job, RecoveryRound
 from dispatch_app.recovery.round import Round, RoundSignals
 from tests.factories import PAYLOADS
-from tests.helpers import MANAGE, PYTHON
+from tests.helpers import MANAGE, PYTHON, wait_until
 from tests.integration.test_recovery_helpers import dispatch_now, policy, snapshot, statuses, zero_thresholds
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
@@ -140,3 +141,26 @@ def test_two_processes_never_run_a_round_of_the_same_domain_at_once(subprocess_e
     delivery = lost_jobs[DOMAIN_KEYS.index("delivery")]
     assert statuses([delivery]) == {delivery.pk: ("submitted", 2)}
     assert DispatchEnvelope.objects.filter(job=delivery).count() == 2
+
+
+def test_rundispatcher_runs_the_recovery_loops(subprocess_env, redis_conn, lost_jobs):
+    env = {**subprocess_env, "DISPATCH_RECOVERY": json.dumps(zero_thresholds(PERIOD_SECONDS=0.2))}
+    proc = subprocess.Popen(
+        [PYTHON, MANAGE, "rundispatcher", "--domains", "delivery,agent"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        delivery = lost_jobs[DOMAIN_KEYS.index("delivery")]
+        wait_until(lambda: statuses([delivery])[delivery.pk] == ("queued", 2), SAFETY, message="recovered and sent")
+        assert redis_conn.exists(f"rq:job:{rq_job_id(delivery.pk, 2)}")
+        assert set(RecoveryRound.objects.values_list("domain", flat=True)) == {"delivery", "agent"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=SAFETY)
+    assert proc.returncode == 0, output
+    assert "recovery-delivery" in output and "recovery-agent" in output
+    workflow = lost_jobs[DOMAIN_KEYS.index("workflow")]
+    assert statuses([workflow]) == {workflow.pk: ("queued", 1)}  # not one of this process's domains

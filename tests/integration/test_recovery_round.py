@@ -251,3 +251,24 @@ def test_dry_run_decides_but_changes_nothing(redis_conn, provider):
         assert [(c.decision, c.outcome) for c in result.candidates] == [("redispatch", "would")]
         assert result.round_id is None
     assert snapshot() == before
+
+
+def test_redis_unreachable_ends_the_round_at_the_first_candidate(redis_conn, provider, tmp_path):
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(2)]
+    dispatch_now()
+    unreachable = redis.Redis(
+        unix_socket_path=str(tmp_path / "no-redis.sock"), socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
+
+    with pytest.raises(redis.ConnectionError):
+        Round(policy("delivery"), redis=unreachable, provider=provider).run_once()
+
+    record = RecoveryRound.objects.get(domain="delivery")
+    assert "ConnectionError" in record.error and record.finished_at is not None
+    assert statuses(jobs) == {j.pk: ("queued", 1) for j in jobs}
+    assert not JobEvent.objects.exists()
+    assert Round(policy("delivery"), redis=redis_conn, provider=provider).run_once().ran  # lock given back
