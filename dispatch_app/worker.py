@@ -126,11 +126,13 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
 def _provider_failed(domain, job_id: int, attempt: int, exc: ProviderError) -> dict:
     """A known vendor failure: retry through the outbox while attempts remain."""
     from dispatch_app.outbox import redispatch
+    from dispatch_app.recovery.policy import resolve
 
-    policy = domain.recovery
+    conf = dispatch_settings()
+    # The same attempt budget recovery uses, settings overrides included.
+    policy = resolve(domain.key, conf.RECOVERY)
     reason = f"provider failed: {exc}"
     if attempt < policy.max_attempts:
-        conf = dispatch_settings()
         delay = min(conf.SEND_BACKOFF_BASE * (2 ** (attempt - 1)), conf.SEND_BACKOFF_MAX)
         with transaction.atomic():
             if redispatch(

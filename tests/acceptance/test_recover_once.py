@@ -17,7 +17,7 @@ from dispatch_app.models import DispatchEnvelope, Job, RecoveryRound
 from dispatch_app.recovery.round import Round, RoundSignals
 from tests.factories import PAYLOADS
 from tests.helpers import MANAGE, PYTHON, wait_until
-from tests.integration.test_recovery_helpers import dispatch_now, policy, snapshot, statuses, zero_thresholds
+from tests.integration.recovery_helpers import dispatch_now, policy, snapshot, statuses, zero_thresholds
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 SAFETY = 60

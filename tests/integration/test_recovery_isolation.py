@@ -24,7 +24,7 @@ from dispatch_app.runtime.supervisor import Supervisor
 from dispatch_app.runtime.wake import NOTIFY, TICK, Wake
 from tests.factories import PAYLOADS
 from tests.helpers import wait_until
-from tests.integration.test_recovery_helpers import policy
+from tests.integration.recovery_helpers import policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SAFETY = 30

@@ -19,7 +19,7 @@ from dispatch_app.runtime.runner import LoopRunner
 from dispatch_app.runtime.supervisor import Supervisor
 from dispatch_app.runtime.wake import TICK
 from tests.factories import PAYLOADS
-from tests.integration.test_recovery_helpers import dispatch_now, policy, statuses
+from tests.integration.recovery_helpers import dispatch_now, policy, statuses
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SAFETY = 30  # seconds: a bound on waits that should end at once, never a timing assumption
@@ -189,7 +189,7 @@ def test_a_stale_job_left_alone_does_not_hold_the_front_of_the_batch(redis_conn)
     from rq.serializers import JSONSerializer
     from rq.worker import SimpleWorker
 
-    from tests.integration.test_recovery_helpers import mark_rq_started, start_like_a_worker
+    from tests.integration.recovery_helpers import mark_rq_started, start_like_a_worker
 
     running = submit("agent", PAYLOADS["agent"])
     lost = submit("agent", PAYLOADS["agent"])

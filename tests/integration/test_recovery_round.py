@@ -13,7 +13,7 @@ from dispatch_app.providers import LocalProvider, set_provider
 from dispatch_app.recovery.discovery import Discovery
 from dispatch_app.recovery.round import Round, RoundSignals
 from tests.factories import PAYLOADS
-from tests.integration.test_recovery_helpers import (
+from tests.integration.recovery_helpers import (
     dispatch_now,
     mark_rq_started,
     other_connection,
