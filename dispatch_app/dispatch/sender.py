@@ -4,13 +4,20 @@ The slot is taken *before* a thread is given work: the submitter blocks while K
 sends are in flight, so nothing queues up behind the limit and a slow Redis
 cannot make memory or threads grow with the batch. Results are returned, not
 counted in shared variables, so totals are exact under concurrency.
+
+The send threads are daemon threads, not a ThreadPoolExecutor: the executor's
+threads are joined at interpreter exit, so one send hung in a Redis read kept a
+stopped dispatcher alive past its shutdown deadline (until the socket timed out,
+retries included). A daemon send killed at exit is harmless: its envelopes keep
+their lease and come back; the next send finds the RQ job if it was written.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -35,15 +42,37 @@ class BoundedSender:
         if concurrency < 1:
             raise ValueError(f"send concurrency must be >= 1, got {concurrency}")
         self.concurrency = concurrency
+        self.name = name
         self._slots = threading.BoundedSemaphore(concurrency)
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=name)
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.in_flight = 0
         self.peak_in_flight = 0
 
     @property
     def threads_started(self) -> int:
-        return len(self._pool._threads)
+        return len(self._threads)
+
+    def _submit(self, fn: Callable[[T], R], item: T) -> Future:
+        future: Future = Future()
+        with self._lock:
+            # K threads, started with the first send: the slots keep at most K items
+            # in flight, so K threads always have a free one for each.
+            while len(self._threads) < self.concurrency:
+                thread = threading.Thread(target=self._worker, name=f"{self.name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._work.put((fn, item, future))
+        return future
+
+    def _worker(self) -> None:
+        while True:
+            task = self._work.get()
+            if task is None:
+                return
+            fn, item, future = task
+            future.set_result(self._run(fn, item))
 
     def _run(self, fn: Callable[[T], R], item: T) -> Outcome[T]:
         try:
@@ -73,8 +102,14 @@ class BoundedSender:
             with self._lock:
                 self.in_flight += 1
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            futures.append(self._pool.submit(self._run, fn, item))
+            futures.append(self._submit(fn, item))
         return [f.result() if isinstance(f, Future) else f for f in futures]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """End the threads; waits for sends in flight (the supervisor skips this when one hangs)."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._work.put(None)
+        for thread in threads:
+            thread.join()

@@ -133,25 +133,44 @@ def test_submitted_jobs_are_started_and_succeed_then_sigterm_exits_0_within_the_
     worker.proc.wait(30)
 
 
-def test_a_second_signal_exits_at_once_while_a_send_hangs(subprocess_env, processes):
-    # A "Redis" that accepts connections and never answers: the dispatcher's send hangs in it.
-    blackhole = socket.socket()
-    blackhole.bind(("127.0.0.1", 0))
-    blackhole.listen(8)
-    blackhole.settimeout(30)
+@pytest.fixture
+def blackhole():
+    """A "Redis" that accepts connections and never answers: a send to it hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(30)
+    yield server
+    server.close()
+
+
+def hanging_env(subprocess_env, blackhole) -> dict:
     port = blackhole.getsockname()[1]
-    env = dict(subprocess_env, REDIS_URL=f"redis://127.0.0.1:{port}/0", REDIS_SOCKET_TIMEOUT="120")
-    try:
-        jobs_of_every_domain()
-        dispatcher = processes(dispatcher_args("--shutdown-deadline", "120"), env)
-        held, _ = blackhole.accept()  # the send is in flight now
-        dispatcher.wait_for_line("rundispatcher pid")
-        dispatcher.signal(signal.SIGTERM)
-        dispatcher.wait_for_line("stopping")  # the first signal was handled: a clean stop is waiting on the send
-        started = time.monotonic()
-        dispatcher.signal(signal.SIGTERM)
-        assert dispatcher.proc.wait(10) == 1, dispatcher.output()
-        assert time.monotonic() - started < 10
-        held.close()
-    finally:
-        blackhole.close()
+    return dict(subprocess_env, REDIS_URL=f"redis://127.0.0.1:{port}/0", REDIS_SOCKET_TIMEOUT="120")
+
+
+def test_a_second_signal_exits_at_once_while_a_send_hangs(subprocess_env, processes, blackhole):
+    jobs_of_every_domain()
+    dispatcher = processes(dispatcher_args("--shutdown-deadline", "120"), hanging_env(subprocess_env, blackhole))
+    held, _ = blackhole.accept()  # the send is in flight now
+    dispatcher.wait_for_line("rundispatcher pid")
+    dispatcher.signal(signal.SIGTERM)
+    dispatcher.wait_for_line("stopping")  # handled: the clean stop now waits for the send
+    started = time.monotonic()
+    dispatcher.signal(signal.SIGTERM)
+    assert dispatcher.proc.wait(10) == 1, dispatcher.output()
+    assert time.monotonic() - started < 10
+    held.close()
+
+
+def test_a_loop_stuck_past_the_deadline_is_named_and_the_process_still_exits(subprocess_env, processes, blackhole):
+    jobs_of_every_domain()
+    dispatcher = processes(dispatcher_args("--shutdown-deadline", "1"), hanging_env(subprocess_env, blackhole))
+    held, _ = blackhole.accept()
+    dispatcher.wait_for_line("rundispatcher pid")
+    started = time.monotonic()
+    dispatcher.signal(signal.SIGTERM)
+    dispatcher.wait_for_line("loop dispatch did not stop within 1.0s", timeout=10)
+    dispatcher.proc.wait(10)
+    assert time.monotonic() - started < 10
+    held.close()

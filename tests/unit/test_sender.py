@@ -61,7 +61,7 @@ def test_capacity_k_holds_the_submitter_and_starts_no_more_than_k_threads():
         assert not returned.is_set()
         # It took at most the one item it is now waiting to find a slot for.
         assert len(pulled) <= k + 1
-        assert sender._pool._work_queue.qsize() == 0  # nothing piled up behind the limit
+        assert sender._work.qsize() == 0  # nothing piled up behind the limit
         assert sender.threads_started <= k
     finally:
         gate.release.set()
