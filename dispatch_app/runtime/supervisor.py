@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 
+from django.db import close_old_connections
+
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.listener import Listener
 from dispatch_app.dispatch.loop import DispatchLoop
@@ -106,5 +108,16 @@ class Supervisor:
 
     def close(self) -> None:
         """Release what the process holds beyond its threads (metrics server, heartbeat row)."""
+        # The main thread's connection may have died while the loops ran (a terminated backend,
+        # a server restart): checked and replaced here, so a closer does not fail on it.
+        close_old_connections()
         for closer in self.closers:
-            closer()
+            try:
+                closer()
+            except Exception:
+                # One closer's failure must not skip the others or turn a clean stop into a crash.
+                log.exception(
+                    "closing %s failed",
+                    getattr(closer, "__qualname__", closer),
+                    extra={"action": "shutdown_close_error", "domain": "dispatch"},
+                )
