@@ -84,14 +84,15 @@ _NOTIFY_INSERTED = (
     f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) "
     "FROM (SELECT DISTINCT domain FROM new_rows WHERE status = 'pending') d; RETURN NULL;"
 )
-# Re-armed to pending (admin, recovery) or a lease given back early (shutdown):
-# either is new work for a scan. A claim or a backoff moves available_at later
-# and stays silent.
+# Work that became claimable now without an INSERT: re-armed to pending (admin,
+# recovery), a lease given back (shutdown), made due now (admin), or a failed
+# send with no backoff. A claim (leased) or a backoff into the future stays
+# silent: nothing is claimable yet, and the fallback tick covers backoffs.
 _NOTIFY_REARMED = (
     f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) FROM ("
     " SELECT DISTINCT n.domain FROM new_rows n JOIN old_rows o ON o.id = n.id"
-    " WHERE n.status = 'pending'"
-    " AND (o.status <> 'pending' OR (n.lease_token IS NULL AND n.available_at < o.available_at))"
+    " WHERE n.status = 'pending' AND n.lease_token IS NULL AND n.available_at <= clock_timestamp()"
+    " AND (o.status <> 'pending' OR o.lease_token IS NOT NULL OR n.available_at < o.available_at)"
     ") d; RETURN NULL;"
 )
 
@@ -143,7 +144,7 @@ class DispatchEnvelope(models.Model):
                 func=_NOTIFY_INSERTED,
             ),
             pgtrigger.Trigger(
-                name="envelope_notify_rearm_v1",
+                name="envelope_notify_rearm_v2",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,
                 operation=pgtrigger.Update,
