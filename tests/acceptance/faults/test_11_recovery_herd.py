@@ -16,7 +16,6 @@ period. While the herd is worked through, new jobs keep arriving:
 
 import json
 import statistics
-import time
 
 import pytest
 
