@@ -4,8 +4,9 @@ It runs the Supervisor that ``rundispatcher`` builds (``runtime.assembly.build``
 or, for the compared designs, a variant of it:
 
 - ``dispatch``: the shipped design (optionally without LISTEN, or with plain
-  ``FOR UPDATE`` claims for the locked-head comparison), plus optional modeled
-  recovery loops, each on its own thread;
+  ``FOR UPDATE`` claims for the locked-head comparison), plus optionally the
+  real ``dispatch_app.recovery`` loops (``real_recovery``) or modeled recovery
+  loops that can block in the database (``recovery``), each on its own thread;
 - ``tick``: one batch per wake (wait-for-tick, the seed's drain);
 - ``serial``: recovery rounds, then a dispatch drain, then wait, in one loop.
 
@@ -74,11 +75,13 @@ def main() -> None:
     from dispatch_app.runtime.wake import CATCH_UP
 
     spec = _spec()
+    real = spec.get("real_recovery")
     conf = dispatch_settings(
         BATCH_SIZE=spec.get("batch", 100),
         SEND_CONCURRENCY=spec.get("concurrency", 4),
         SEND_CHUNK_SIZE=spec.get("chunk", 50),
         POLL_INTERVAL=spec.get("poll", 1.0),
+        RECOVERY=real["overrides"] if real else None,
     )
     locking = spec.get("locking")
     if locking:
@@ -90,7 +93,11 @@ def main() -> None:
         claim.claim_batch = claim_with
 
     kind = spec.get("kind", "dispatch")
-    supervisor = assembly.build(conf, {"no_listen": not spec.get("listen", True), "no_recovery": True})
+    # real_recovery: dispatch_app.recovery's loops, as rundispatcher starts them.
+    options = {"no_listen": not spec.get("listen", True), "no_recovery": not real}
+    if real:
+        options["domains"] = list(real["domains"])
+    supervisor = assembly.build(conf, options)
     recoveries = [
         ModeledRecovery(
             domain,
@@ -103,6 +110,25 @@ def main() -> None:
         for rec in ([spec["recovery"]] if spec.get("recovery") else [])
         for domain in rec["domains"]
     ]
+    waits = {"connect_wait_s": 0.0, "claim_wait_s": 0.0, "drains": 0}
+
+    class WaitObserver:
+        """Sums the dispatch loop's connect/claim waits, then hands on to the ops observer."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def drained(self, result) -> None:
+            waits["connect_wait_s"] += getattr(result, "connect_seconds", 0.0)
+            waits["claim_wait_s"] += getattr(result, "claim_seconds", 0.0)
+            waits["drains"] += 1
+            if self.inner is not None:
+                self.inner.drained(result)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    supervisor.dispatch.observer = WaitObserver(supervisor.dispatch.observer)
     dispatch_runner = next(r for r in supervisor.runners if getattr(r, "name", "") == "dispatch")
     if kind == "tick":
         dispatch_runner.loop = TickLoop(supervisor.dispatch)
@@ -149,6 +175,7 @@ def main() -> None:
         "stop_seconds": time.monotonic() - started,
         "scans": supervisor.dispatch.scans,
         "recovery": {r.domain: r.stats.as_dict() for r in recoveries},
+        **waits,
     }
     print("stats " + json.dumps(stats), flush=True)
     supervisor.close()

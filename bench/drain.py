@@ -7,6 +7,9 @@
   A 100k backlog would take K*I = 1000 s at B=100, so the tick variants drain a
   backlog of K batches (default 6) and are compared with ``continue`` on the
   same K: measured extra wait vs the predicted (K-1)*I.
+- ``publish-only B=500``: the ceiling without the database: the same Publisher,
+  BoundedSender and chunking sending the backlog's worth of synthetic envelopes
+  straight to Redis (RQ job construction + pipelines only), in the bench process.
 
 Drain time is from the DB clock at "go" to the last ``dispatched_at``.
 """
@@ -26,6 +29,7 @@ VARIANTS = [
     "tick B=500",
     "continue-small B=100",
     "continue-small B=500",
+    "publish-only B=500",
 ]
 TICK = 1.0
 
@@ -33,6 +37,36 @@ TICK = 1.0
 def _parse(variant: str) -> tuple[str, int]:
     mode, _, b = variant.partition(" B=")
     return mode, int(b)
+
+
+def _publish_only(env, count: int, batch: int):
+    import time
+
+    from dispatch_app.conf import dispatch_settings
+    from dispatch_app.dispatch.claim import Claimed
+    from dispatch_app.dispatch.publisher import Publisher
+    from dispatch_app.dispatch.sender import BoundedSender
+
+    conf = dispatch_settings(BATCH_SIZE=batch)
+    publisher = Publisher(conf, connection=env.redis())
+    sender = BoundedSender(conf.SEND_CONCURRENCY)
+    envelopes = [Claimed(i, i, 1, "workflow", "workflow", 1, True) for i in range(1, count + 1)]
+    size = conf.SEND_CHUNK_SIZE
+    done = 0
+    points = []
+    started = time.monotonic()
+    try:
+        for first in range(0, count, batch):
+            claimed = envelopes[first : first + batch]
+            chunks = [claimed[i : i + size] for i in range(0, len(claimed), size)]
+            done += sum(o.value.sent for o in sender.map(publisher.send, chunks) if o.ok)
+            points.append((round(time.monotonic() - started, 3), done))
+    finally:
+        sender.close()
+    elapsed = time.monotonic() - started
+    env.redis().flushdb()
+    metrics = {"envelopes": done, "drain_s": elapsed, "rate_per_s": rate(done, elapsed), "processes": 1}
+    return metrics, {"progress": points}
 
 
 def run(ctx: Context) -> list[dict]:
@@ -43,6 +77,8 @@ def run(ctx: Context) -> list[dict]:
     def run_one(variant: str, index: int):
         mode, batch = _parse(variant)
         env.reset()
+        if mode == "publish-only":
+            return _publish_only(env, backlog, batch)
         count = backlog if mode in ("continue", "two-procs") else k_small * batch
         seed_pending(count)
         procs = 2 if mode == "two-procs" else 1
@@ -80,7 +116,7 @@ def run(ctx: Context) -> list[dict]:
     records = []
     for variant in VARIANTS:
         mode, batch = _parse(variant)
-        count = backlog if mode in ("continue", "two-procs") else k_small * batch
+        count = backlog if mode in ("continue", "two-procs", "publish-only") else k_small * batch
         params = {
             "backlog": count,
             "batch_size": batch,
@@ -88,7 +124,9 @@ def run(ctx: Context) -> list[dict]:
             "send_concurrency": 4,
             "chunk": 50,
             "processes": 2 if mode == "two-procs" else 1,
-            "loop": "one batch per tick" if mode == "tick" else "continue while full",
+            "loop": {"tick": "one batch per tick", "publish-only": "no database: Redis only"}.get(
+                mode, "continue while full"
+            ),
         }
         records.append(
             record(

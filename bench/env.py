@@ -108,6 +108,9 @@ class BenchEnv:
         sd["CONN_MAX_AGE"] = 60
         self.settings_dict = sd
         with psycopg.connect(autocommit=True, **_conninfo(sd, "postgres")) as admin:
+            if not self.database_url:
+                # Our own database: a run killed before its clean-up left it behind.
+                admin.execute(f'DROP DATABASE IF EXISTS "{sd["NAME"]}" WITH (FORCE)')
             exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [sd["NAME"]]).fetchone()
             if not exists:
                 admin.execute(f'CREATE DATABASE "{sd["NAME"]}"')

@@ -340,7 +340,11 @@ def latency_run(
     from bench.stats import cdf_points, summarize
 
     observer = RQObserver(env.redis_url, queue_names()).start()
-    child = Child(env, spec)
+    try:
+        child = Child(env, spec)
+    except BaseException:
+        observer.stop()
+        raise
     try:
         if before is not None:
             before()

@@ -20,6 +20,7 @@ HEADLINES: dict[str, list[str]] = {
         "latency_start_p50_ms",
         "latency_start_p99_ms",
         "latency_dispatch_p50_ms",
+        "latency_start_quarter_rate_p50_ms",
         "drain_x_peer",
     ],
 }
@@ -41,6 +42,10 @@ def fmt(value) -> str:
     return str(value)
 
 
+def _width(key: str) -> int:
+    return max(12, len(key) + 2)
+
+
 def table(records: list[dict]) -> str:
     lines = []
     current = None
@@ -50,12 +55,14 @@ def table(records: list[dict]) -> str:
             keys = HEADLINES.get(current, [])
             lines.append("")
             lines.append(f"== {current} ==")
-            lines.append("  " + f"{'variant':<28}" + "".join(f"{k:>18}" for k in keys))
+            lines.append("  " + f"{'variant':<28}" + "".join(f"{k:>{_width(k)}}" for k in keys))
         keys = HEADLINES.get(current, [])
         if rec.get("error") and not rec["metrics"]:
             lines.append(f"  {rec['variant']:<28}  ERROR: {rec['error']}")
             continue
-        lines.append("  " + f"{rec['variant']:<28}" + "".join(f"{fmt(rec['metrics'].get(k)):>18}" for k in keys))
+        lines.append(
+            "  " + f"{rec['variant']:<28}" + "".join(f"{fmt(rec['metrics'].get(k)):>{_width(k)}}" for k in keys)
+        )
         if rec.get("error"):
             lines.append(f"  {'':<28}  (a run failed: {rec['error']})")
     return "\n".join(lines).lstrip("\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -36,6 +37,12 @@ def run(
     )
     started = time.monotonic()
     load_before = machine()
+
+    def on_sigterm(signum, frame):
+        # Unwind through the finally blocks: children stopped, our database dropped.
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     records: list[dict] = []
     env.setup()
     try:
