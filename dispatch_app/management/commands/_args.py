@@ -25,6 +25,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
+    return value
+
+
 def domain_list(text: str) -> list[str]:
     from dispatch_app.domains import DOMAIN_KEYS
 

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
+from dispatch_app.management.commands._args import domain_list, port_number, positive_float, positive_int
 
 log = logging.getLogger("dispatch_app.rundispatcher")
 
@@ -31,8 +31,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--domains", type=domain_list, help="comma-separated domains to run recovery for (default: all)"
         )
-        parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+        parser.add_argument("--metrics-port", type=port_number, help="serve Prometheus metrics on this port")
         parser.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+
+    # Checked in handle(), after the DISPATCH settings: a bad setting is exit code 2, like a bad argument,
+    # not the system check's exit 1.
+    requires_system_checks = []
 
     def execute(self, *args, **options):
         try:
@@ -48,6 +52,8 @@ class Command(BaseCommand):
             LEASE_SECONDS=options["lease"],
             SHUTDOWN_DEADLINE=options["shutdown_deadline"],
         )
+        if not options.get("skip_checks"):
+            self.check()
         from dispatch_app.runtime import assembly
 
         try:
