@@ -1,0 +1,357 @@
+"""Security and bad input (issue 6): what a hostile or careless input meets.
+
+- A pickle-serialised job planted in an RQ queue is refused by our workers
+  (JSON serializer), not executed; the same plant run by a pickle worker does
+  execute, which shows the plant is a real exploit.
+- The admin and its actions need staff plus the specific permissions; an
+  action changes state only through the outbox (nothing is pushed to Redis).
+- ``check --deploy`` is clean in production mode; production refuses to start
+  without SECRET_KEY or with DEBUG on; nothing secret is committed.
+- Every management command rejects bad arguments with a clear message and exit
+  code 2; ``submit`` rejects bad input and writes nothing.
+- TLS and auth for PostgreSQL and Redis come through the URLs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.exceptions import ValidationError
+from django.test import Client
+
+from dispatch_app.models import DispatchEnvelope, Job
+from tests.helpers import MANAGE, PYTHON, ROOT
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
+
+
+# --- a planted pickle job ------------------------------------------------------
+class _Plant:
+    """Unpickling this creates the marker file: arbitrary code run by whoever deserialises it."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def plant_pickle_job(conn, queue_name: str, job_id: str, marker: Path) -> None:
+    from rq import Queue
+    from rq.job import Job as RQJob
+
+    job = RQJob.create(
+        "dispatch_app.domains.delivery.task", args=(_Plant(str(marker)), 1), connection=conn, id=job_id
+    )  # the default serializer: pickle
+    job.save()
+    Queue(queue_name, connection=conn).push_job_id(job.id)
+
+
+def test_a_pickled_job_planted_in_a_queue_is_refused_not_executed(shared_stack, redis_conn):
+    stack = shared_stack
+    marker = stack.tmp / "pwned-json-worker"
+    plant_pickle_job(redis_conn, "delivery", "planted-1", marker)
+    # A real job behind it, through the outbox, to show the worker keeps working.
+    [real] = stack.submit(1, prefix="real")
+    dispatcher = stack.dispatcher()
+    stack.wait_all("dispatched", 1, timeout=30, what="envelopes")
+    assert dispatcher.stop() == 0
+
+    ours = stack.worker("delivery", burst=True, name="json-worker")
+    assert ours.wait(timeout=60) == 0, ours.output()
+    assert not marker.exists(), "the planted pickle was deserialised: code ran in our worker"
+    assert stack.count_jobs("succeeded") == 1 and stack.ledger() == {(real, 1): 1}
+    assert re.search(r"job planted-1: exception raised while executing \(<DeserializationError>\)", ours.output())
+
+    # Control: the same plant, run by a worker left on rq's default (pickle) serializer, does run.
+    control = stack.tmp / "pwned-pickle-worker"
+    plant_pickle_job(redis_conn, "workflow", "planted-2", control)
+    pickle_worker = stack.spawn(
+        "pickle-worker",
+        [PYTHON, MANAGE, "rqworker", "workflow", "--burst", "--worker-class", "rq.worker.SimpleWorker"],
+    )
+    pickle_worker.wait(timeout=60)
+    assert control.exists(), "control failed: the plant is not an exploit, so the first check proves nothing"
+
+
+# --- admin -------------------------------------------------------------------
+def _user(username: str, *, staff: bool, perms: tuple[str, ...] = ()) -> User:
+    user = User.objects.create_user(username, password="not-a-secret-pw-123", is_staff=staff)
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
+    return User.objects.get(pk=user.pk)
+
+
+VIEW = ("dispatch_app.view_job", "dispatch_app.view_dispatchenvelope")
+JOBS = "/admin/dispatch_app/job/"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_needs_staff_and_the_specific_permission_and_acts_through_the_outbox(redis_conn):
+    from dispatch_app.outbox import submit
+
+    job = submit("delivery", {"asset": "a-1", "target": "https://t.example.invalid/1"})
+    # Stuck in RQ: dispatched, queued, its RQ job gone.
+    DispatchEnvelope.objects.filter(job=job).update(status="dispatched")
+    Job.objects.filter(pk=job.pk).update(status="queued")
+    action = {"action": "retry_now", "_selected_action": [job.pk]}
+    redis_keys = redis_conn.dbsize()
+
+    anonymous = Client()
+    assert anonymous.get(JOBS).status_code == 302
+    assert anonymous.post(JOBS, action).status_code == 302
+    for user, expected in (
+        (_user("not-staff", staff=False, perms=VIEW + ("dispatch_app.retry_job",)), 302),
+        (_user("staff-no-perms", staff=True), 403),
+    ):
+        client = Client()
+        client.force_login(user)
+        assert client.get(JOBS).status_code == expected, user.username
+        assert client.post(JOBS, action).status_code == expected, user.username
+
+    viewer = Client()
+    viewer.force_login(_user("viewer", staff=True, perms=VIEW))
+    page = viewer.get(JOBS)
+    assert page.status_code == 200 and "retry_now" not in page.content.decode()
+    viewer.post(JOBS, action)
+    assert DispatchEnvelope.objects.filter(job=job).count() == 1, "an action ran without its permission"
+
+    operator = Client()
+    operator.force_login(_user("operator", staff=True, perms=VIEW + ("dispatch_app.retry_job",)))
+    assert "retry_now" in operator.get(JOBS).content.decode()
+    operator.post(JOBS, action)
+    assert list(DispatchEnvelope.objects.filter(job=job).order_by("attempt").values_list("attempt", "status")) == [
+        (1, "dispatched"),
+        (2, "pending"),
+    ], "the action re-dispatches through the outbox"
+    assert redis_conn.dbsize() == redis_keys, "the admin pushed to Redis directly"
+
+
+# --- production settings -----------------------------------------------------
+def _manage(env_overrides: dict, *args: str, drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ)
+    for name in ("SECRET_KEY", "DEBUG", "PRODUCTFLOW_ENV", "ALLOWED_HOSTS", *drop):
+        env.pop(name, None)
+    env.update(
+        DJANGO_SETTINGS_MODULE="productflow.settings",
+        # Never connected to by these commands; a URL keeps settings from starting the embedded servers.
+        DATABASE_URL="postgresql://pf@db.example.invalid:5432/productflow",
+        REDIS_URL="redis://redis.example.invalid:6379/0",
+    )
+    env.update(env_overrides)
+    return subprocess.run(
+        [PYTHON, MANAGE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+PRODUCTION = {"PRODUCTFLOW_ENV": "production", "DEBUG": "0", "ALLOWED_HOSTS": "example.com"}
+
+
+def test_check_deploy_is_clean_in_production_mode():
+    key = secrets.token_urlsafe(50)
+    result = _manage({**PRODUCTION, "SECRET_KEY": key}, "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+    # The check bites: a weak key is reported (so "clean" above means something).
+    weak = _manage({**PRODUCTION, "SECRET_KEY": "short"}, "check", "--deploy", "--fail-level", "WARNING")
+    assert weak.returncode != 0 and "security.W009" in weak.stderr + weak.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({}, "SECRET_KEY must be set when PRODUCTFLOW_ENV=production"),
+        ({"SECRET_KEY": "x" * 60, "DEBUG": "1"}, "DEBUG must be off when PRODUCTFLOW_ENV=production"),
+    ],
+    ids=["no-secret-key", "debug-on"],
+)
+def test_production_refuses_to_start_unsafe(overrides, message):
+    result = _manage({**PRODUCTION, **overrides}, "check")
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+# --- committed secrets ---------------------------------------------------------
+PLACEHOLDER_PASSWORDS = {"password", "postgres", "pw", "secret", "changeme", "example", "pass", "xxx", "redis"}
+SECRET_PATTERNS = {
+    "private key": re.compile("-----BEGIN [A-Z ]*" + "PRIVATE KEY-----"),
+    "AWS access key": re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    "GitHub token": re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"),
+    "Slack token": re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),
+    "Stripe/OpenAI-style key": re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|\bsk-[A-Za-z0-9]{32,}\b"),
+    "hard-coded SECRET_KEY": re.compile(r"""SECRET_KEY\s*[=:]\s*['"](?!development-only-not-secret)[^'"]{16,}['"]"""),
+}
+URL_CREDENTIALS = re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@'\"]+:([^/\s@'\"]+)@")
+SECRET_FILES = re.compile(r"(^|/)(\.env(\..+)?|id_rsa|id_ed25519|.*\.pem|.*\.key|.*\.p12|\.pgpass|\.netrc)$")
+
+
+def find_secrets(files: dict[str, str]) -> list[str]:
+    found = []
+    for path, text in files.items():
+        if SECRET_FILES.search(path) and not path.endswith(".env.example"):
+            found.append(f"{path}: a credentials file")
+        for name, pattern in SECRET_PATTERNS.items():
+            for match in pattern.finditer(text):
+                found.append(f"{path}: {name} ({match.group(0)[:12]}...)")
+        for match in URL_CREDENTIALS.finditer(text):
+            password = match.group(1)
+            if password.lower() not in PLACEHOLDER_PASSWORDS and not password.startswith(("$", "<", "{", "%(")):
+                found.append(f"{path}: a password in a URL ({match.group(0)[:20]}...)")
+    return found
+
+
+def test_no_secret_or_credential_is_committed():
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=30
+    ).stdout.split(b"\0")
+    files = {}
+    for raw in filter(None, listed):
+        path = ROOT / raw.decode()
+        if not path.is_file() or path.stat().st_size > 2_000_000:
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8000]:
+            continue  # binary (images)
+        files[raw.decode()] = data.decode(errors="replace")
+    assert len(files) > 20, "the scan saw almost nothing: is this the repository?"
+    assert find_secrets(files) == []
+
+
+def test_the_secret_scan_can_fail():
+    planted = {
+        "a.py": "AWS = '" + "AKIA" + "ABCDEFGHIJKLMNOP'",
+        "b.md": "DATABASE_URL=postgres://app:" + "s3cr3t-Pa55" + "@db.internal/prod",
+        "c/id_rsa": "-----BEGIN OPENSSH " + "PRIVATE KEY-----",
+        "settings.py": "SECRET_KEY = '" + "k" * 40 + "'",
+        "ok.md": "postgres://user:password@db.example.com/x and redis://:${REDIS_PASSWORD}@r/0",
+    }
+    found = find_secrets(planted)
+    assert {f.split(":")[0] for f in found} == {"a.py", "b.md", "c/id_rsa", "settings.py"}, found
+
+
+# --- every command: bad arguments -> exit 2 with a clear message -------------------
+COMMANDS = Path(ROOT / "dispatch_app" / "management" / "commands")
+BAD_ARGUMENTS = [
+    ("rundispatcher", ["--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+    ("rundispatcher", ["--poll-interval", "soon"], "--poll-interval: expected a number, got 'soon'"),
+    ("rundispatcher", ["--lease", "-5"], "--lease: must be > 0"),
+    ("rundispatcher", ["--domains", "delivry"], "unknown domain(s) delivry"),
+    ("rundispatcher", ["--metrics-port", "70000"], "--metrics-port: must be a port number 1-65535, got 70000"),
+    ("rundispatcher", ["--no-such-option"], "unrecognized arguments: --no-such-option"),
+    ("rundispatcher", [], "DISPATCH['BATCH_SIZE'] must be >= 1", {"DISPATCH_BATCH_SIZE": "0"}),
+    ("rundispatcher", [], "is not a setting; did you mean 'BATCH_SIZE'?", {"DISPATCH_BATCH_SIZ": "5"}),
+    ("loadgen", [], "the following arguments are required: --count"),
+    ("loadgen", ["--count", "ten"], "--count: expected a whole number, got 'ten'"),
+    ("loadgen", ["--count", "5", "--domains", "nope"], "unknown domain(s) nope"),
+    ("recover", ["--once", "--domain", "nope"], "unknown domain 'nope'"),
+    ("recover", [], "the following arguments are required: --once"),
+    ("dispatchstats", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("dispatchbench", ["--repeat", "0"], "--repeat: must be >= 1, got 0"),
+    ("demo", ["--workers", "0"], "--workers: must be >= 1, got 0"),
+]
+
+
+def test_every_command_rejects_bad_arguments_with_exit_code_2(subprocess_env):
+    cases = [case for case in BAD_ARGUMENTS if (COMMANDS / f"{case[0]}.py").exists()]
+    assert {"rundispatcher"} <= {case[0] for case in cases}
+    running = []
+    for command, args, message, *extra in cases:
+        env = {**subprocess_env, **(extra[0] if extra else {})}
+        proc = subprocess.Popen(
+            [PYTHON, MANAGE, command, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        running.append((command, args, message, proc))
+    problems = []
+    for command, args, message, proc in running:
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode != 2 or message not in err:
+            problems.append(f"{command} {args}: exit {proc.returncode}, stderr {err.strip()[-300:]!r}")
+    assert problems == []
+
+
+# --- submit: bad input is refused, nothing written ---------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("domain", "payload", "message"),
+    [
+        ("nope", {}, "unknown domain 'nope'"),
+        ("delivery", ["not", "an", "object"], "payload must be a JSON object"),
+        ("delivery", {"asset": "a"}, "delivery.target: required field is missing"),
+        ("delivery", {"asset": 1, "target": "t"}, "delivery.asset: expected string, got int"),
+        ("delivery", {"asset": "a", "target": "t", "extra": 1}, "unknown field(s) extra"),
+        ("delivery", {"asset": "a", "target": float("nan")}, "not JSON-serialisable"),
+        ("delivery", {"asset": "a", "target": object()}, "not JSON-serialisable"),
+        ("image_series", {"product_id": "p", "prompt": "x", "count": True}, "expected integer, got a boolean"),
+        ("delivery", {"asset": "a" * 70_000, "target": "t"}, "over the limit of 65536"),
+    ],
+    ids=["domain", "not-object", "missing", "type", "unknown-field", "nan", "object", "bool", "oversized"],
+)
+def test_submit_rejects_bad_input_and_writes_nothing(domain, payload, message):
+    from dispatch_app.outbox import JobSpec, submit_many
+
+    good = JobSpec("delivery", {"asset": "a", "target": "t"})
+    with pytest.raises(ValidationError) as refused:
+        submit_many([good, JobSpec(domain, payload)])
+    assert message in str(refused.value)
+    assert Job.objects.count() == 0 and DispatchEnvelope.objects.count() == 0
+
+
+# --- TLS and auth through the URLs ---------------------------------------------------
+PARSE_SETTINGS = """
+import json, redis
+from django.conf import settings
+from django.db import connection
+params = connection.get_connection_params()
+pool = redis.Redis.from_url(settings.RQ_QUEUES["delivery"]["URL"]).connection_pool
+print(json.dumps({
+    "pg": {k: params.get(k) for k in ("host", "port", "user", "password", "dbname", "sslmode", "sslrootcert")},
+    "redis_class": pool.connection_class.__name__,
+    "redis": {k: pool.connection_kwargs.get(k) for k in ("host", "port", "username", "password", "db",
+                                                         "ssl_cert_reqs", "ssl_ca_certs", "socket_timeout")},
+}))
+"""
+
+
+def test_tls_and_auth_are_configured_through_the_urls():
+    result = _manage(
+        {
+            "DATABASE_URL": "postgresql://pf_app:p%40ss%3Aword@db.example.com:6432/productflow"
+            "?sslmode=verify-full&sslrootcert=/etc/ssl/pg-ca.pem",
+            "REDIS_URL": "rediss://pf:r%40dis-pw@redis.example.com:6380/2"
+            "?ssl_cert_reqs=required&ssl_ca_certs=/etc/ssl/redis-ca.pem",
+        },
+        "shell",
+        "-c",
+        PARSE_SETTINGS,
+    )
+    assert result.returncode == 0, result.stderr
+    parsed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert parsed["pg"] == {
+        "host": "db.example.com",
+        "port": 6432,
+        "user": "pf_app",
+        "password": "p@ss:word",
+        "dbname": "productflow",
+        "sslmode": "verify-full",
+        "sslrootcert": "/etc/ssl/pg-ca.pem",
+    }
+    assert parsed["redis_class"] == "SSLConnection"
+    redis_kwargs = parsed["redis"]
+    assert redis_kwargs["host"] == "redis.example.com" and redis_kwargs["port"] == 6380 and redis_kwargs["db"] == 2
+    assert redis_kwargs["username"] == "pf" and redis_kwargs["password"] == "r@dis-pw"
+    assert redis_kwargs["ssl_cert_reqs"] == "required" and redis_kwargs["ssl_ca_certs"] == "/etc/ssl/redis-ca.pem"
+    assert redis_kwargs["socket_timeout"] == 5.0, "our timeouts are added to a URL that carries its own options"
