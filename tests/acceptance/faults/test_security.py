@@ -190,7 +190,9 @@ SECRET_PATTERNS = {
     "Stripe/OpenAI-style key": re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|\bsk-[A-Za-z0-9]{32,}\b"),
     "hard-coded SECRET_KEY": re.compile(r"""SECRET_KEY\s*[=:]\s*['"](?!development-only-not-secret)[^'"]{16,}['"]"""),
 }
-URL_CREDENTIALS = re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@'\"]+:([^/\s@'\"]+)@")
+URL_CREDENTIALS = re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@'\"]+:([^/\s@'\"]+)@([^/\s:?'\"]*)")
+# Hosts reserved for documentation and tests (RFC 2606/6761): credentials there are examples.
+EXAMPLE_HOSTS = re.compile(r"(^|\.)(example\.(com|org|net)|example|invalid|test|localhost)$")
 SECRET_FILES = re.compile(r"(^|/)(\.env(\..+)?|id_rsa|id_ed25519|.*\.pem|.*\.key|.*\.p12|\.pgpass|\.netrc)$")
 
 
@@ -203,7 +205,9 @@ def find_secrets(files: dict[str, str]) -> list[str]:
             for match in pattern.finditer(text):
                 found.append(f"{path}: {name} ({match.group(0)[:12]}...)")
         for match in URL_CREDENTIALS.finditer(text):
-            password = match.group(1)
+            password, host = match.group(1), match.group(2)
+            if EXAMPLE_HOSTS.search(host):
+                continue
             if password.lower() not in PLACEHOLDER_PASSWORDS and not password.startswith(("$", "<", "{", "%(")):
                 found.append(f"{path}: a password in a URL ({match.group(0)[:20]}...)")
     return found
