@@ -75,6 +75,9 @@ def main() -> None:
     from dispatch_app.runtime.wake import CATCH_UP
 
     spec = _spec()
+    if spec.get("switch_interval"):
+        # How long a thread that wants the GIL waits for a busy one (CPython default 5 ms).
+        sys.setswitchinterval(spec["switch_interval"])
     real = spec.get("real_recovery")
     conf = dispatch_settings(
         BATCH_SIZE=spec.get("batch", 100),

@@ -72,7 +72,7 @@ def _publish_only(env, count: int, batch: int):
 def run(ctx: Context) -> list[dict]:
     env = ctx.env
     backlog = int(ctx.size("drain_envelopes", 100_000, 2_000))
-    k_small = int(ctx.size("drain_tick_batches", 6, 3))
+    k_small = int(ctx.size("drain_tick_batches", 5, 2))
 
     def run_one(variant: str, index: int):
         mode, batch = _parse(variant)

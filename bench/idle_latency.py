@@ -16,7 +16,7 @@ VARIANTS = [f"{mode}@{rate}/s" for rate in RATES for mode in ("notify", "poll-1s
 
 
 def run(ctx: Context) -> list[dict]:
-    seconds = ctx.size("idle_seconds", 5.0, 0.25)
+    seconds = ctx.size("idle_seconds", 4.0, 0.25)
     env = ctx.env
 
     def run_one(variant: str, index: int):

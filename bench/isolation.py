@@ -25,7 +25,7 @@ def run(ctx: Context) -> list[dict]:
 
     env = ctx.env
     rate = ctx.size("isolation_rate", 200.0, 200.0)
-    seconds = ctx.size("isolation_seconds", 6.0, 0.6)
+    seconds = ctx.size("isolation_seconds", 5.0, 0.6)
     block = ctx.size("isolation_block_s", 2.0, 0.3)
     period = ctx.size("isolation_period_s", 2.5, 0.4)
     stale = ctx.size("isolation_stale_per_domain", 200, 20)

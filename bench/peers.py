@@ -184,7 +184,7 @@ def run(ctx: Context) -> list[dict]:
     pgqueuer_jobs = int(ctx.size("peers_pgqueuer_jobs", 50_000, 500))
     latency_rate = ctx.size("peers_latency_rate", 200.0, 200.0)
     latency_jobs = int(ctx.size("peers_latency_jobs", 1000, 40))
-    throughput_s = ctx.size("peers_throughput_s", 5.0, 0.5)
+    throughput_s = ctx.size("peers_throughput_s", 3.0, 0.5)
 
     def run_one(variant: str, index: int):
         if variant == "productflow":

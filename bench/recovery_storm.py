@@ -1,12 +1,17 @@
 """recovery-storm: 5 domains x 10k stale candidates while new jobs arrive at a fixed rate.
 
-``recovery on``: the real ``dispatch_app.recovery`` loops, one per domain (own
-thread and connection, period 1 s, no jitter, B = 25), re-dispatch or finish
-stale jobs through the outbox while the dispatch loop serves new jobs; ``recovery off``: the same process, same backlog,
-no recovery loops. Measured: new-job latency, each domain's oldest-candidate
-age over time, effective recoveries per domain (actions / candidates scanned),
-time sessions spent waiting for locks (pg_stat_activity sampled every 100 ms),
-and the dispatcher's own connect and claim wait times (its metrics hook).
+``on``: the real ``dispatch_app.recovery`` loops, one per domain (own thread
+and connection, period 1 s, no jitter, B = 25), re-dispatch or finish stale
+jobs through the outbox while the dispatch loop serves new jobs.
+``on, GIL switch 1 ms``: the same with ``sys.setswitchinterval(0.001)`` in the
+dispatcher process (the recovery threads are CPU-bound Python; the dispatch
+thread otherwise waits up to 5 ms for the GIL after each of its I/O calls).
+``off``: the same process and backlog, no recovery loops.
+
+Measured: new-job latency, each domain's oldest-candidate age over time,
+effective recoveries per domain (actions / candidates scanned, from the
+recorded rounds), time sessions spent waiting for locks (pg_stat_activity
+sampled every 100 ms), and the dispatcher's connect and claim wait times.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "recovery-storm"
-VARIANTS = ["off", "on"]
+VARIANTS = ["off", "on", "on, GIL switch 1 ms"]
 STALE_SECONDS = 600.0
 
 AGE_SQL = """
@@ -91,7 +96,7 @@ def run(ctx: Context) -> list[dict]:
     domains = list(DOMAIN_KEYS)
     per_domain = int(ctx.size("storm_stale_per_domain", 10_000, 200))
     rate = ctx.size("storm_rate", 200.0, 200.0)
-    seconds = ctx.size("storm_seconds", 10.0, 0.6)
+    seconds = ctx.size("storm_seconds", 8.0, 0.6)
     period = ctx.size("storm_period_s", 1.0, 0.2)
 
     def run_one(variant: str, index: int):
@@ -99,7 +104,7 @@ def run(ctx: Context) -> list[dict]:
         seed_stale(per_domain, domains)
         sampler = Sampler(env, domains)
         spec = {"kind": "dispatch", "listen": True, "poll": 1.0}
-        if variant == "on":
+        if variant.startswith("on"):
             overrides = {
                 "PERIOD_SECONDS": period,
                 "JITTER_SECONDS": 0.0,
@@ -107,6 +112,8 @@ def run(ctx: Context) -> list[dict]:
                 "QUEUED_STALE_SECONDS": STALE_SECONDS,
             }
             spec["real_recovery"] = {"domains": domains, "overrides": {d: dict(overrides) for d in domains}}
+        if "switch" in variant:
+            spec["switch_interval"] = 0.001
         try:
             metrics, series, child = latency_run(env, spec, rate=rate, count=int(rate * seconds), before=sampler.start)
         finally:

@@ -80,6 +80,24 @@ def markdown_table(records: list[dict], scenario: str) -> str:
     return "\n".join(out)
 
 
+def write_markdown(records: list[dict], out: Path, header: dict) -> Path:
+    """results.md: every scenario's headline table, for docs/benchmarks.md."""
+    machine = header.get("machine", {})
+    lines = [
+        f"Run: {machine.get('cores')} cores, load average before {machine.get('load_average')}, "
+        f"after {header.get('load_after')}; repeat {header.get('repeat')}, medians shown; "
+        f"{header.get('total_seconds')} s in total. {header.get('where', {}).get('database')}, "
+        f"Redis {header.get('where', {}).get('redis')}.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in header.get("versions", {}).items()),
+    ]
+    for scenario in dict.fromkeys(r["scenario"] for r in records):
+        lines += ["", f"### {scenario}", "", markdown_table(records, scenario)]
+    path = out / "results.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def write_json(records: list[dict], out: Path, header: dict) -> Path:
     path = out / "results.json"
     payload = [dict(header, **rec) for rec in records]
@@ -136,12 +154,13 @@ def plots(records: list[dict], out: Path) -> list[Path]:
 
     storm = [r for r in by_scenario.get("recovery-storm", []) if r["series"].get("oldest_age")]
     if storm:
-        fig, axes = plt.subplots(1, len(storm), figsize=(5 * len(storm), 4), squeeze=False)
+        fig, axes = plt.subplots(1, len(storm), figsize=(5 * len(storm), 4), squeeze=False, sharey=True)
         for ax, rec in zip(axes[0], storm, strict=True):
             for domain, points in sorted(rec["series"]["oldest_age"].items()):
                 if points:
                     xs, ys = zip(*points, strict=True)
                     ax.plot(xs, [y / 60 for y in ys], label=domain)
+            ax.ticklabel_format(axis="y", useOffset=False)
             ax.set_title(f"oldest candidate age, recovery {rec['variant']}")
             ax.set_xlabel("seconds")
             ax.set_ylabel("minutes")

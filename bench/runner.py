@@ -9,7 +9,7 @@ from pathlib import Path
 from bench import SCENARIOS, Context, scenario_module
 from bench.env import BenchEnv, load_average, machine, versions
 from bench.report import plots as write_plots
-from bench.report import table, write_json
+from bench.report import table, write_json, write_markdown
 
 
 def run(
@@ -90,6 +90,7 @@ def run(
     finally:
         env.teardown()
     json_path = write_json(records, out, header)
+    write_markdown(records, out, header)
     log("")
     log(table(records))
     log("")
