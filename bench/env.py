@@ -93,6 +93,8 @@ class BenchEnv:
         from django.db import connections
 
         connections.close_all()
+        # As in production: no per-query recording (CursorDebugWrapper) in the bench's own process.
+        settings.DEBUG = False
         sd = connections["default"].settings_dict
         if self.database_url:
             parsed = dj_database_url.parse(self.database_url)
@@ -199,6 +201,8 @@ class BenchEnv:
             REDIS_URL=self.redis_url,
             PYTHONUNBUFFERED="1",
             CONN_MAX_AGE="60",
+            # Production's cursor: DEBUG would record every query of a long-running loop.
+            DEBUG="0",
         )
         env.update(extra)
         return env
