@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, get_domain
@@ -55,13 +55,30 @@ class WorkContext:
 
 
 def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
+    """Record the outcome; one retry on a fresh connection if the old one died during the work.
+
+    The work is done by now: losing its outcome would leave the job 'running'
+    until recovery, which for a non-idempotent domain can only say outcome_unknown.
+    """
     from psycopg.types.json import Jsonb
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            FINISH_SQL, [status, Jsonb(result) if result is not None else None, error[:4000], job_id, attempt]
-        )
-        return cursor.rowcount == 1
+    params = [status, Jsonb(result) if result is not None else None, error[:4000], job_id, attempt]
+    for retry in (False, True):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(FINISH_SQL, params)
+                return cursor.rowcount == 1
+        except (OperationalError, InterfaceError):
+            if retry or connection.in_atomic_block:
+                raise
+            log.warning(
+                "job %s attempt %s: connection lost before the outcome was saved; retrying once",
+                job_id,
+                attempt,
+                extra={"action": "finish_retry", "domain": "worker"},
+            )
+            connection.close()
+    raise AssertionError("unreachable")
 
 
 def execute(domain_key: str, job_id: int, attempt: int) -> dict:
