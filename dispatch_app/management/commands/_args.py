@@ -45,3 +45,22 @@ def domain_list(text: str) -> list[str]:
             f"unknown domain(s) {', '.join(unknown) or repr(text)}; valid domains: {', '.join(DOMAIN_KEYS)}"
         )
     return chosen
+
+
+class SettingsErrorExit2:
+    """Mixin for a command: a bad DISPATCH setting is exit code 2 with its message, like a bad argument.
+
+    Such a command sets ``requires_system_checks = []`` and validates the settings
+    in ``handle()``, so Django's system check does not turn the error into exit 1.
+    """
+
+    requires_system_checks: list = []
+
+    def execute(self, *args, **options):
+        from django.core.exceptions import ImproperlyConfigured
+        from django.core.management.base import CommandError
+
+        try:
+            return super().execute(*args, **options)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=2) from None

@@ -11,12 +11,12 @@ import argparse
 import json
 import logging
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.management.commands._args import SettingsErrorExit2
 
 
 def domain_name(text: str) -> str:
@@ -25,10 +25,8 @@ def domain_name(text: str) -> str:
     return text
 
 
-class Command(BaseCommand):
+class Command(SettingsErrorExit2, BaseCommand):
     help = "Run one recovery round per domain, then drain dispatch (recover --once)."
-    # The settings are validated in handle(): a bad one is exit code 2, like a bad argument.
-    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", required=True, help="one round per domain, then exit")
@@ -44,12 +42,6 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="print each candidate and the decision it would take; change nothing"
         )
         parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-
-    def execute(self, *args, **options):
-        try:
-            return super().execute(*args, **options)
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc), returncode=2) from None
 
     def handle(self, *args, **options):
         from dispatch_app.recovery.policy import resolve

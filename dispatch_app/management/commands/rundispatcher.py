@@ -8,16 +8,21 @@ import signal
 import sys
 import threading
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.management.commands._args import domain_list, port_number, positive_float, positive_int
+from dispatch_app.management.commands._args import (
+    SettingsErrorExit2,
+    domain_list,
+    port_number,
+    positive_float,
+    positive_int,
+)
 
 log = logging.getLogger("dispatch_app.rundispatcher")
 
 
-class Command(BaseCommand):
+class Command(SettingsErrorExit2, BaseCommand):
     help = "Run the dispatcher: LISTEN/NOTIFY wake-ups, the dispatch loop and per-domain recovery loops."
 
     def add_arguments(self, parser):
@@ -33,16 +38,6 @@ class Command(BaseCommand):
         )
         parser.add_argument("--metrics-port", type=port_number, help="serve Prometheus metrics on this port")
         parser.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
-
-    # Checked in handle(), after the DISPATCH settings: a bad setting is exit code 2, like a bad argument,
-    # not the system check's exit 1.
-    requires_system_checks = []
-
-    def execute(self, *args, **options):
-        try:
-            return super().execute(*args, **options)
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc), returncode=2) from None
 
     def handle(self, *args, **options):
         conf = dispatch_settings(
