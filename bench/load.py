@@ -329,6 +329,7 @@ def latency_run(
     domains: list[str] | None = None,
     before: Callable[[], None] | None = None,
     during: Callable[[], None] | None = None,
+    extra_specs: list[dict] | None = None,
 ) -> tuple[dict, dict, Child]:
     """Start a dispatcher child, submit `count` jobs at `rate`, and measure commit -> in RQ.
 
@@ -340,9 +341,15 @@ def latency_run(
     from bench.stats import cdf_points, summarize
 
     observer = RQObserver(env.redis_url, queue_names()).start()
+    extras: list[Child] = []
     try:
+        # Other processes of the same deployment first (e.g. one that runs recovery).
+        for extra in extra_specs or []:
+            extras.append(Child(env, extra))
         child = Child(env, spec)
     except BaseException:
+        for extra in extras:
+            extra.stop()
         observer.stop()
         raise
     try:
@@ -358,6 +365,7 @@ def latency_run(
         observer.wait_for(committed, timeout=settle)
     finally:
         stats = child.stop()
+        extra_stats = [extra.stop() for extra in extras]
         observer.stop()
     client = [(observer.seen[i] - t) * 1000 for i, t in committed.items() if i in observer.seen]
     db = list(db_latencies(committed).values())
@@ -367,5 +375,5 @@ def latency_run(
         for key in ("p50", "p95", "p99", "max"):
             metrics[f"{prefix}_{key}_ms"] = summary[key]
     series = {"db_cdf": cdf_points(db), "client_cdf": cdf_points(client)}
-    child.stats = stats
+    child.stats = dict(stats, extra=extra_stats)
     return metrics, series, child

@@ -6,6 +6,9 @@ jobs through the outbox while the dispatch loop serves new jobs.
 ``on, GIL switch 1 ms``: the same with ``sys.setswitchinterval(0.001)`` in the
 dispatcher process (the recovery threads are CPU-bound Python; the dispatch
 thread otherwise waits up to 5 ms for the GIL after each of its I/O calls).
+``on, own process``: the recovery loops in a second dispatcher process (which
+also dispatches, SKIP LOCKED sharing the outbox), as ``rundispatcher
+--no-recovery`` next to a ``rundispatcher`` would run them.
 ``off``: the same process and backlog, no recovery loops.
 
 Measured: new-job latency, each domain's oldest-candidate age over time,
@@ -24,7 +27,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "recovery-storm"
-VARIANTS = ["off", "on", "on, GIL switch 1 ms"]
+VARIANTS = ["off", "on", "on, GIL switch 1 ms", "on, own process"]
 STALE_SECONDS = 600.0
 
 AGE_SQL = """
@@ -36,7 +39,8 @@ GROUP BY domain
 """
 
 WAIT_SQL = """
-SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*)
+SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*),
+       string_agg(wait_event, ',') FILTER (WHERE wait_event_type = 'Lock')
 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
 """
 
@@ -47,6 +51,7 @@ class Sampler:
         self.domains = domains
         self.ages: dict[str, list] = {d: [] for d in domains}
         self.lock_wait_s = 0.0
+        self.lock_events: dict[str, float] = {}
         self.max_backends = 0
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="bench-storm-sampler")
@@ -60,8 +65,12 @@ class Sampler:
             last_age = 0.0
             while not self._stop.wait(0.1):
                 now = time.monotonic() - self.t0
-                waiting, backends = conn.execute(WAIT_SQL).fetchone()
+                waiting, backends, events = conn.execute(WAIT_SQL).fetchone()
                 self.lock_wait_s += waiting * 0.1
+                for event in (events or "").split(","):
+                    if event:
+                        # e.g. "object": the commit of a NOTIFYing transaction; "transactionid": a row lock.
+                        self.lock_events[event] = self.lock_events.get(event, 0.0) + 0.1
                 self.max_backends = max(self.max_backends, backends)
                 if now - last_age >= 0.25:
                     last_age = now
@@ -104,6 +113,7 @@ def run(ctx: Context) -> list[dict]:
         seed_stale(per_domain, domains)
         sampler = Sampler(env, domains)
         spec = {"kind": "dispatch", "listen": True, "poll": 1.0}
+        extra_specs = []
         if variant.startswith("on"):
             overrides = {
                 "PERIOD_SECONDS": period,
@@ -111,11 +121,18 @@ def run(ctx: Context) -> list[dict]:
                 "BATCH_SIZE": 25,
                 "QUEUED_STALE_SECONDS": STALE_SECONDS,
             }
-            spec["real_recovery"] = {"domains": domains, "overrides": {d: dict(overrides) for d in domains}}
+            recovery = {"domains": domains, "overrides": {d: dict(overrides) for d in domains}}
+            if "own process" in variant:
+                # Two rundispatcher-shaped processes: this one dispatches only, the other also recovers.
+                extra_specs.append({"kind": "dispatch", "listen": True, "poll": 1.0, "real_recovery": recovery})
+            else:
+                spec["real_recovery"] = recovery
         if "switch" in variant:
             spec["switch_interval"] = 0.001
         try:
-            metrics, series, child = latency_run(env, spec, rate=rate, count=int(rate * seconds), before=sampler.start)
+            metrics, series, child = latency_run(
+                env, spec, rate=rate, count=int(rate * seconds), before=sampler.start, extra_specs=extra_specs
+            )
         finally:
             sampler.stop()
         rec = _rounds()
@@ -127,6 +144,7 @@ def run(ctx: Context) -> list[dict]:
                 "scanned": scanned,
                 "effective_pct": 100.0 * actions / scanned if scanned else None,
                 "lock_wait_s": sampler.lock_wait_s,
+                **{f"lock_wait_s.{event}": seconds for event, seconds in sampler.lock_events.items()},
                 "connect_s": child.stats.get("connect_wait_s"),
                 "claim_lock_wait_s": child.stats.get("claim_wait_s"),
                 "max_backends": sampler.max_backends,
