@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import time
 from pathlib import Path
@@ -95,7 +96,9 @@ def run(
     log(table(records))
     log("")
     log(f"results: {json_path}")
-    if plots:
+    if plots and importlib.util.find_spec("matplotlib") is None:
+        log("plots skipped: matplotlib is not installed (pip install -r requirements/bench.txt)")
+    elif plots:
         for path in write_plots(records, out):
             log(f"plot: {path}")
     log(f"total {header['total_seconds']} s; load before {load_before['load_average']}, after {header['load_after']}")

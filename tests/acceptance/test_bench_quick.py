@@ -4,6 +4,7 @@ A real subprocess against the configured PostgreSQL and Redis, in the bench's
 own database (productflow_bench_ci) and Redis db index (8); nothing is timed.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -52,6 +53,11 @@ def test_quick_run_records_every_scenario_and_variant(tmp_path):
         # A peer that cannot run here is recorded with its error; our own scenarios must measure.
         if rec["scenario"] != "peers" or rec["variant"] == "productflow":
             assert rec["metrics"], f"{rec['scenario']}/{rec['variant']}: {rec.get('error')}"
-    assert (tmp_path / "drain-progress.png").exists()
-    assert (tmp_path / "idle-latency-latency-cdf.png").exists()
+    # The benchmark-only requirements (requirements/bench.txt) may be absent where only test.txt is installed:
+    # then the peers are recorded with their import error (checked above) and the plots are skipped.
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "drain-progress.png").exists()
+        assert (tmp_path / "idle-latency-latency-cdf.png").exists()
+    else:
+        assert "plots skipped" in proc.stdout
     assert "== drain ==" in proc.stdout
