@@ -70,10 +70,18 @@ class Publisher:
 
     def send(self, chunk: list[Claimed]) -> SendResult:
         ids = [rq_job_id(e.job_id, e.attempt) for e in chunk]
-        probe = self.connection.pipeline(transaction=False)
-        for job_id in ids:
-            probe.exists(RQJob.key_for(job_id))
-        exists = probe.execute()
+        # Only an envelope claimed before can have reached Redis already: a first
+        # send skips the probe (a round trip per chunk). Should a server crash
+        # lose an unflushed claim, a re-push is still refused by the worker's
+        # start compare-and-set.
+        resend = [i for i, e in enumerate(chunk) if not e.first_send]
+        exists = [False] * len(chunk)
+        if resend:
+            probe = self.connection.pipeline(transaction=False)
+            for i in resend:
+                probe.exists(RQJob.key_for(ids[i]))
+            for i, found in zip(resend, probe.execute(), strict=True):
+                exists[i] = bool(found)
         pending = [(e, job_id) for e, job_id, found in zip(chunk, ids, exists, strict=True) if not found]
         if pending:
             pipe = self.connection.pipeline(transaction=True)
