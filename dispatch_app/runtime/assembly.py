@@ -9,10 +9,14 @@ from dispatch_app.runtime.supervisor import Supervisor
 
 
 def build(conf: DispatchSettings, options: dict) -> Supervisor:
+    if options.get("no_dispatch") and options.get("no_recovery"):
+        raise ValueError("--no-dispatch with --no-recovery leaves nothing to run")
     domains = options.get("domains") or list(DOMAIN_KEYS)
     # Operations (dispatch_app.ops): metrics observer, heartbeat, retention, --metrics-port.
     ops = Ops(conf, options)
-    supervisor = Supervisor(conf, listen=not options.get("no_listen"), observer=ops.observer)
+    supervisor = Supervisor(
+        conf, listen=not options.get("no_listen"), dispatch=not options.get("no_dispatch"), observer=ops.observer
+    )
     if not options.get("no_recovery"):
         add_recovery_loops(supervisor, conf, domains)
     ops.attach(supervisor)

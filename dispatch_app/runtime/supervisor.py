@@ -31,6 +31,7 @@ class Supervisor:
         stop: threading.Event | None = None,
         wake: Wake | None = None,
         listen: bool = True,
+        dispatch: bool = True,
         observer=None,
     ):
         self.conf = conf
@@ -38,18 +39,22 @@ class Supervisor:
         self.wake = wake or Wake()
         self.observer = observer
         self.closers: list = []
-        self.dispatch = DispatchLoop(conf, wake=self.wake, stop=self.stop, observer=observer)
-        self.runners: list = [
-            LoopRunner(
-                self.dispatch,
-                self.stop,
-                domain="dispatch",
-                max_backoff=conf.RECONNECT_BACKOFF_MAX,
-                on_success=self._on_success,
-                on_error=self._on_error,
+        self.runners: list = []
+        # dispatch=False: a recovery-only process (its re-dispatches reach the
+        # dispatchers of other processes through the outbox and NOTIFY).
+        self.dispatch = DispatchLoop(conf, wake=self.wake, stop=self.stop, observer=observer) if dispatch else None
+        if self.dispatch is not None:
+            self.runners.append(
+                LoopRunner(
+                    self.dispatch,
+                    self.stop,
+                    domain="dispatch",
+                    max_backoff=conf.RECONNECT_BACKOFF_MAX,
+                    on_success=self._on_success,
+                    on_error=self._on_error,
+                )
             )
-        ]
-        self.listener = Listener(conf, self.wake, self.stop, observer=observer) if listen else None
+        self.listener = Listener(conf, self.wake, self.stop, observer=observer) if listen and dispatch else None
         if self.listener is not None:
             self.runners.insert(0, self.listener)
 
@@ -99,7 +104,7 @@ class Supervisor:
                 deadline,
                 extra={"action": "shutdown_hung_loop", "domain": name},
             )
-        if not hung:
+        if not hung and self.dispatch is not None:
             self.dispatch.close()
         return hung
 

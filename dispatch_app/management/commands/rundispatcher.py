@@ -34,6 +34,11 @@ class Command(SettingsErrorExit2, BaseCommand):
         parser.add_argument("--no-listen", action="store_true", help="polling only: no LISTEN connection")
         parser.add_argument("--no-recovery", action="store_true", help="run no recovery loops")
         parser.add_argument(
+            "--no-dispatch",
+            action="store_true",
+            help="recovery only: no listener, no dispatch loop (give recovery its own process and cores)",
+        )
+        parser.add_argument(
             "--domains", type=domain_list, help="comma-separated domains to run recovery for (default: all)"
         )
         parser.add_argument("--metrics-port", type=port_number, help="serve Prometheus metrics on this port")
