@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import redis
@@ -18,6 +20,8 @@ from django.db import connection
 from dispatch_app import failpoints
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch import claim
+from dispatch_app.dispatch.claim import Claimed
+from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.runtime.wake import TICK, Wake
@@ -68,6 +72,17 @@ class DrainResult:
         self.latencies.extend(other.latencies)
 
 
+@dataclass
+class _BatchRecord:
+    """What the sends of one batch did, waiting to be written."""
+
+    token: uuid.UUID
+    sent_ids: list[int] = field(default_factory=list)
+    skipped_ids: list[int] = field(default_factory=list)
+    failures: dict[tuple[str, bool], list[int]] = field(default_factory=dict)
+    permanent: list[tuple[Claimed, str]] = field(default_factory=list)
+
+
 class DispatchLoop:
     name = "dispatch"
 
@@ -88,25 +103,48 @@ class DispatchLoop:
         self.sender = sender or BoundedSender(conf.SEND_CONCURRENCY, name="dispatch-send")
         self.observer = observer  # metrics hook: observer.drained(result)
         self.scans = 0
+        self._marker = Marker()
 
     def wait(self) -> str:
         return self.wake.wait(self.conf.POLL_INTERVAL)
 
     def run_once(self, trigger: str = TICK) -> DrainResult:
-        """Drain: batch after batch while they come back full."""
+        """Drain: batch after batch while they come back full.
+
+        While a full batch's results are written (marker thread, its own
+        connection), the next batch is already claimed and sent: the database
+        round trips of batch N overlap the Redis sends of batch N+1. At most
+        one batch's results are in flight, and all are written before this
+        returns.
+        """
         total = DrainResult(trigger=trigger)
         self.scans += 1
-        while not self.stop.is_set():
-            result = self.dispatch_batch(trigger)
-            total.add(result)
-            # A failing Redis would fail the next batch too: wait for the next wake instead.
-            if result.claimed < self.conf.BATCH_SIZE or result.transient_failures:
+        in_flight: Future | None = None
+        try:
+            while not self.stop.is_set():
+                result, record = self._claim_and_send(trigger)
+                if in_flight is not None:
+                    total.add(in_flight.result())
+                    in_flight = None
+                # A failing Redis would fail the next batch too: wait for the next wake instead.
+                more = result.claimed >= self.conf.BATCH_SIZE and not result.transient_failures
+                if more and not self.stop.is_set():
+                    in_flight = self._marker.submit(self._record, result, record)
+                    continue
+                total.add(self._record(result, record))
                 break
+        finally:
+            if in_flight is not None:
+                total.add(in_flight.result())
         if self.observer is not None:
             self.observer.drained(total)
         return total
 
     def dispatch_batch(self, trigger: str = TICK) -> DrainResult:
+        """One batch, start to finish: claim, send, record."""
+        return self._record(*self._claim_and_send(trigger))
+
+    def _claim_and_send(self, trigger: str) -> tuple[DrainResult, _BatchRecord | None]:
         conf = self.conf
         result = DrainResult(trigger=trigger)
         # Measured apart: waiting for a connection (a reconnect, a pool) vs the claim
@@ -119,61 +157,65 @@ class DispatchLoop:
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)
         if not batch.envelopes:
-            return result
+            return result, None
         result.batches = 1
         result.batch_sizes.append(result.claimed)
         if trigger == TICK:
             result.unannounced = sum(1 for e in batch.envelopes if e.first_send)
 
-        sendable, permanent = [], []
+        record = _BatchRecord(token=batch.token)
+        sendable = []
         for envelope in batch.envelopes:
             try:
                 self.publisher.check(envelope)
                 sendable.append(envelope)
             except PermanentSendError as exc:
-                permanent.append((envelope, str(exc)))
+                record.permanent.append((envelope, str(exc)))
 
         size = conf.SEND_CHUNK_SIZE
         chunks = [sendable[i : i + size] for i in range(0, len(sendable), size)]
         outcomes = self.sender.map(self.publisher.send, chunks, stop=self.stop)
         failpoints.hit("kill_after_send")
 
-        sent_ids, skipped_ids = [], []
-        failures: dict[tuple[str, bool], list[int]] = {}
         for outcome in outcomes:
             ids = [e.envelope_id for e in outcome.item]
             if outcome.skipped:
-                skipped_ids.extend(ids)
+                record.skipped_ids.extend(ids)
             elif outcome.ok:
-                sent_ids.extend(ids)
+                record.sent_ids.extend(ids)
                 result.duplicates += outcome.value.duplicates
             else:
                 error = f"{type(outcome.error).__name__}: {outcome.error}"
                 transient = isinstance(outcome.error, TRANSIENT_ERRORS)
-                failures.setdefault((error, transient), []).extend(ids)
+                record.failures.setdefault((error, transient), []).extend(ids)
+                if transient:
+                    result.transient_failures += len(ids)
                 log.warning(
                     "send failed for %d envelopes: %s",
                     len(ids),
                     error,
                     extra={"action": "send_failed", "domain": "dispatch"},
                 )
+        return result, record
 
-        marked = claim.mark_dispatched(sent_ids, batch.token, result.latencies)
+    def _record(self, result: DrainResult, record: _BatchRecord | None) -> DrainResult:
+        """Write what the sends did: compare-and-set marks, backoffs, dead letters, released leases."""
+        if record is None:
+            return result
+        marked = claim.mark_dispatched(record.sent_ids, record.token, result.latencies)
         result.dispatched = marked
-        result.lost_lease = len(sent_ids) - marked
-        for (error, transient), ids in failures.items():
-            self._record_failure(result, ids, batch.token, error, permanent=False, transient=transient)
-            if transient:
-                result.transient_failures += len(ids)
-        for envelope, reason in permanent:
-            self._record_failure(result, [envelope.envelope_id], batch.token, reason, permanent=True)
+        result.lost_lease = len(record.sent_ids) - marked
+        for (error, transient), ids in record.failures.items():
+            self._record_failure(result, ids, record.token, error, permanent=False, transient=transient)
+        for envelope, reason in record.permanent:
+            self._record_failure(result, [envelope.envelope_id], record.token, reason, permanent=True)
             log.error(
                 "envelope %s dead: %s",
                 envelope.envelope_id,
                 reason,
                 extra={"action": "envelope_dead", "domain": envelope.domain},
             )
-        result.released = claim.release(skipped_ids, batch.token)
+        result.released = claim.release(record.skipped_ids, record.token)
         return result
 
     def _record_failure(
@@ -197,3 +239,4 @@ class DispatchLoop:
 
     def close(self) -> None:
         self.sender.close()
+        self._marker.close()
