@@ -121,8 +121,9 @@ class DispatchEnvelope(models.Model):
             # Serves the claim query (status='pending' AND available_at <= now()
             # ORDER BY available_at, id) in order with no Sort. Partial rather than
             # (status, available_at, id): dispatched rows, the vast majority, are not
-            # in it at all, so it stays small and hot; measured 25-30% faster claims
-            # here (see `dispatchbench index`).
+            # in it at all. `dispatchbench index` (300k dispatched, 10k pending): the
+            # same plan and claim rate (21.4k vs 20.8k/s), but 0.32 MB against 15.1 MB,
+            # so it stays in cache as the table grows.
             models.Index(
                 fields=["available_at", "id"],
                 condition=Q(status="pending"),
