@@ -82,6 +82,8 @@ def _scenario():
 
 def test_admin_login_dashboard_and_timeline_in_headless_chromium(browser, live_server, django_user_model, tmp_path):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
 
     django_user_model.objects.create_superuser("ops", "ops@example.invalid", "ops-password")
     waiting = _scenario()
@@ -90,6 +92,8 @@ def test_admin_login_dashboard_and_timeline_in_headless_chromium(browser, live_s
     browser.find_element(By.NAME, "username").send_keys("ops")
     browser.find_element(By.NAME, "password").send_keys("ops-password")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # The click starts a navigation; wait (bounded) for the page it leads to, not for time.
+    WebDriverWait(browser, 15).until(expected_conditions.title_contains("Site administration"))
     assert "Site administration" in browser.page_source
 
     browser.get(f"{live_server.url}/admin/dispatch_app/job/dashboard/")
