@@ -40,3 +40,14 @@ def test_the_two_setup_commands_are_in_the_readme_and_the_makefile(command):
     assert command in README
     target = command.split()[1]
     assert re.search(rf"^{target}:", (ROOT / "Makefile").read_text(), re.MULTILINE)
+
+
+def test_every_exported_metric_is_in_the_readme():
+    from dispatch_app.ops import metrics
+
+    source = (ROOT / "dispatch_app" / "ops" / "metrics.py").read_text()
+    names = set(re.findall(r'"(productflow_[a-z_]+)"', source))
+    assert names, f"no metric names found in {metrics.__file__}"
+    # prometheus-client exposes a counter declared as "x" as "x_total".
+    missing = sorted(n for n in names if f"`{n}`" not in README and f"`{n}_total`" not in README)
+    assert not missing, f"metrics missing from the README: {missing}"
