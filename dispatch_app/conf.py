@@ -9,6 +9,7 @@ system check and by every command that reads it.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -112,15 +113,21 @@ def _coerce(key: str, value: Any, spec: _Spec) -> Any:
 
             return validate_overrides(value)
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return coerce_number(where, value, spec.kind, spec.minimum, spec.maximum)
+
+
+def coerce_number(where: str, value: Any, kind: type, minimum: float | None, maximum: float | None) -> Any:
+    """A number of ``kind`` within [minimum, maximum], or an error naming ``where``."""
+    # NaN and infinities pass or break every comparison below; a bool is no count.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
-    if spec.kind is int and int(value) != value:
+    if kind is int and int(value) != value:
         raise ImproperlyConfigured(f"{where} must be a whole number, got {value!r}")
-    value = spec.kind(value)
-    if spec.minimum is not None and value < spec.minimum:
-        raise ImproperlyConfigured(f"{where} must be >= {spec.minimum}, got {value!r}")
-    if spec.maximum is not None and value > spec.maximum:
-        raise ImproperlyConfigured(f"{where} must be <= {spec.maximum}, got {value!r}")
+    value = kind(value)
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{where} must be >= {minimum:g}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{where} must be <= {maximum:g}, got {value!r}")
     return value
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from dispatch_app.conf import coerce_number
 from dispatch_app.domains import DOMAIN_KEYS, REGISTRY
 from dispatch_app.domains.base import RecoveryPolicy
 
@@ -85,18 +86,7 @@ def _coerce(domain: str, key: str, value: Any, spec: _Key) -> Any:
         if not isinstance(value, bool):
             raise ImproperlyConfigured(f"{where} must be True or False, got {value!r}")
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
-    if value != value:  # NaN compares false with every bound
-        raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
-    if spec.kind is int and int(value) != value:
-        raise ImproperlyConfigured(f"{where} must be a whole number, got {value!r}")
-    value = spec.kind(value)
-    if spec.minimum is not None and value < spec.minimum:
-        raise ImproperlyConfigured(f"{where} must be >= {spec.minimum:g}, got {value!r}")
-    if spec.maximum is not None and value > spec.maximum:
-        raise ImproperlyConfigured(f"{where} must be <= {spec.maximum:g}, got {value!r}")
-    return value
+    return coerce_number(where, value, spec.kind, spec.minimum, spec.maximum)
 
 
 def _hint(name: str, valid) -> str:

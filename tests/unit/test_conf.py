@@ -19,6 +19,8 @@ def test_defaults_are_valid():
         ({"POLL_INTERVAL": "fast"}, "DISPATCH['POLL_INTERVAL'] must be a number"),
         ({"SEND_CONCURRENCY": True}, "DISPATCH['SEND_CONCURRENCY'] must be a number"),
         ({"SEND_BACKOFF_BASE": 10, "SEND_BACKOFF_MAX": 5}, "SEND_BACKOFF_MAX"),
+        ({"POLL_INTERVAL": float("nan")}, "DISPATCH['POLL_INTERVAL'] must be a number, got nan"),
+        ({"BATCH_SIZE": float("inf")}, "DISPATCH['BATCH_SIZE'] must be a number, got inf"),
     ],
 )
 def test_bad_values_name_the_setting(raw, message):
