@@ -1,0 +1,13 @@
+# Reserved slot in the migration chain so parallel work could land in a fixed order.
+# Worker health records (issue 9).
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("dispatch_app", "0007_operator_controls"),
+    ]
+
+    operations = []
