@@ -175,6 +175,38 @@ class JobEvent(models.Model):
         return f"{self.kind} on job {self.job_id} at {self.at}"
 
 
+class VendorCallStatus(models.TextChoices):
+    PENDING = "pending"  # recorded, the call is being made (or the caller died making it)
+    SUCCEEDED = "succeeded"  # took effect; its result is kept for a retry to reuse
+    FAILED = "failed"  # known not to have taken effect: a retry makes it again
+    UNKNOWN = "unknown"  # no answer (timeout, crash mid-call): ask the vendor before anything else
+
+
+class VendorCall(models.Model):
+    """One vendor call of a job (dispatch_app.vendor_calls): recorded before it is made, settled after.
+
+    ``seq`` is the call's position in the domain's work, the same in every attempt,
+    so a retry finds what an earlier attempt already did and resumes after it.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="vendor_calls")
+    attempt = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    purpose = models.CharField(max_length=200)
+    request_id = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=20, choices=VendorCallStatus.choices, default=VendorCallStatus.PENDING)
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "seq", "id"], name="vendorcall_job_seq")]
+
+    def __str__(self) -> str:
+        return f"vendor call {self.seq} ({self.purpose}) of job {self.job_id} attempt {self.attempt}: {self.status}"
+
+
 class RecoveryRound(models.Model):
     domain = models.CharField(max_length=32)
     process = models.CharField(max_length=200, blank=True, default="")
