@@ -248,3 +248,21 @@ class LoopHeartbeat(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["process", "loop"], name="loopheartbeat_one_per_loop")]
+
+
+class DomainPause(models.Model):
+    """An operator paused dispatch of this domain: its envelopes stay pending and the claim passes them over.
+
+    One row per paused domain; resuming deletes the row (the admin log keeps who did what, and when).
+    """
+
+    domain = models.CharField(max_length=32, unique=True)
+    paused_at = models.DateTimeField(db_default=ClockTimestamp())
+    paused_by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        permissions = [("pause_domain", "Can pause and resume dispatch of a domain")]
+
+    def __str__(self) -> str:
+        return f"{self.domain} paused"
