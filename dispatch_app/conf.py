@@ -49,6 +49,9 @@ SPECS: dict[str, _Spec] = {
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
     "PROVIDER_LATENCY_MS": _Spec(0.0, float, 0, 600_000, "the local provider's simulated latency"),
     "PROVIDER_FAILURE_RATE": _Spec(0.0, float, 0, 1, "the local provider's share of failed calls"),
+    "PROVIDER_TIMEOUT": _Spec(
+        30.0, float, 0.01, 3600, "longest any one vendor call may take (s); past it the call's outcome is unknown"
+    ),
     "RECOVERY": _Spec(
         {}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}} (recovery.policy.KEYS)"
     ),
@@ -91,6 +94,7 @@ class DispatchSettings:
     RQ_RESULT_TTL: int
     PROVIDER_LATENCY_MS: float
     PROVIDER_FAILURE_RATE: float
+    PROVIDER_TIMEOUT: float
     RECOVERY: dict
     HEARTBEAT_INTERVAL: float
     HEARTBEAT_STALE_SECONDS: float

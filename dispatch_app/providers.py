@@ -5,43 +5,102 @@ A real vendor client implements ``Provider``; ``DISPATCH['PROVIDER']`` is not
 needed for that — ``set_provider()`` swaps it at start-up. The local provider
 writes real PNG files and keeps a durable record per vendor request id, so
 recovery can ask "what happened to request R?" across processes.
+
+Every call is bounded: a provider honours its ``timeout`` (``DISPATCH['PROVIDER_TIMEOUT']``)
+and raises ``ProviderTimeout`` past it; callers that must never hang on a client
+that ignores it (recovery, the vendor-call ledger) also wrap the call in
+``call_with_timeout``.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 
+from dispatch_app import failpoints
 from dispatch_app.conf import dispatch_settings
+
+T = TypeVar("T")
 
 
 class ProviderError(RuntimeError):
     """The vendor answered with a failure (known outcome: the call did not take effect)."""
 
 
+class ProviderTimeout(RuntimeError):
+    """No answer within the timeout: the call may or may not have taken effect (ask the vendor later).
+
+    Not a ``ProviderError``: retrying it blindly could bill the call twice.
+    """
+
+
 class Provider(Protocol):
+    # Seconds any one call may take, status calls included; past it the call raises ProviderTimeout.
+    timeout: float
+
     def new_request_id(self) -> str: ...
     def generate_image(self, request_id: str, prompt: str, size: int, seed: int) -> Path: ...
     def edit_image(self, request_id: str, source: str, region: list[int], instruction: str) -> Path: ...
     def deliver(self, asset: str, target: str) -> dict: ...
-    def run_step(self, name: str, context: dict) -> dict: ...
+    def run_step(self, name: str, context: dict, request_id: str | None = None) -> dict: ...
     def request_status(self, request_id: str) -> str:
         """'succeeded', 'failed', 'pending' or 'unknown' (the vendor never saw it)."""
 
 
+def call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """Run ``fn`` on a helper thread and give up waiting after ``timeout`` seconds.
+
+    The guard for a client that does not honour its own timeout: the caller moves
+    on with ``ProviderTimeout`` (outcome unknown); the abandoned thread is a
+    daemon and ends when the call finally returns.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"vendor-call {what}"[:60], daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ProviderTimeout(f"{what}: no answer within {timeout:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class LocalProvider:
-    def __init__(self, root: Path | None = None, latency_ms: float | None = None, failure_rate: float | None = None):
+    """Stands in for the vendors. ``PRODUCTFLOW_PROVIDER_CALL_LOG=<file>`` (tests) appends one line per call
+    that reached the vendor, "<op> <request id or -> <succeeded|failed> <pid>", so a test can count the calls
+    that took effect."""
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        latency_ms: float | None = None,
+        failure_rate: float | None = None,
+        timeout: float | None = None,
+        call_log: str | None = None,
+    ):
         conf = dispatch_settings()
         self.root = Path(root or Path(settings.MEDIA_ROOT))
         self.latency = (conf.PROVIDER_LATENCY_MS if latency_ms is None else latency_ms) / 1000.0
         self.failure_rate = conf.PROVIDER_FAILURE_RATE if failure_rate is None else failure_rate
+        self.timeout = conf.PROVIDER_TIMEOUT if timeout is None else timeout
+        self.call_log = call_log if call_log is not None else os.environ.get("PRODUCTFLOW_PROVIDER_CALL_LOG", "")
         (self.root / "outputs").mkdir(parents=True, exist_ok=True)
         (self.root / "requests").mkdir(parents=True, exist_ok=True)
 
@@ -52,16 +111,35 @@ class LocalProvider:
         return self.root / "requests" / f"{request_id}.json"
 
     def _record(self, request_id: str, status: str, **extra) -> None:
-        self._request_file(request_id).write_text(json.dumps({"status": status, **extra}))
+        # Write-then-rename: a process killed mid-write leaves the previous record whole, never half a file.
+        final = self._request_file(request_id)
+        temp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        temp.write_text(json.dumps({"status": status, **extra}))
+        failpoints.hit(f"kill_vendor_record_{status}")
+        os.replace(temp, final)
 
-    def _call(self, request_id: str | None) -> None:
-        if request_id:
+    def _log(self, op: str, request_id: str | None, outcome: str) -> None:
+        if not self.call_log:
+            return
+        fd = os.open(self.call_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{op} {request_id or '-'} {outcome} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+
+    def _call(self, op: str, request_id: str | None, record: bool = True) -> None:
+        if request_id and record:
             self._record(request_id, "pending")
+        if self.latency > self.timeout:
+            # The vendor would still be working when we stop waiting: the request stays pending.
+            time.sleep(self.timeout)
+            raise ProviderTimeout(f"local provider: {op} gave no answer within {self.timeout:g}s")
         if self.latency:
             time.sleep(self.latency)  # stands in for the vendor's own latency
         if self.failure_rate and random.random() < self.failure_rate:
-            if request_id:
+            if request_id and record:
                 self._record(request_id, "failed")
+            self._log(op, request_id, "failed")
             raise ProviderError("local provider: simulated vendor failure")
 
     def _png(self, name: str, size: int, seed: int) -> Path:
@@ -73,27 +151,34 @@ class LocalProvider:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         path = self.root / "outputs" / name
-        path.write_bytes(buffer.getvalue())
+        temp = path.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        temp.write_bytes(buffer.getvalue())
+        os.replace(temp, path)
         return path
 
     def generate_image(self, request_id: str, prompt: str, size: int, seed: int) -> Path:
-        self._call(request_id)
+        self._call("generate_image", request_id)
         path = self._png(f"{request_id}.png", size, seed)
         self._record(request_id, "succeeded", output=str(path))
+        self._log("generate_image", request_id, "succeeded")
         return path
 
     def edit_image(self, request_id: str, source: str, region: list[int], instruction: str) -> Path:
-        self._call(request_id)
+        self._call("edit_image", request_id)
         path = self._png(f"{request_id}.png", max(8, min(256, region[2] or 8)), hash((source, instruction)))
         self._record(request_id, "succeeded", output=str(path))
+        self._log("edit_image", request_id, "succeeded")
         return path
 
     def deliver(self, asset: str, target: str) -> dict:
-        self._call(None)
+        self._call("deliver", None)
+        self._log("deliver", None, "succeeded")
         return {"delivered": asset, "target": target}
 
-    def run_step(self, name: str, context: dict) -> dict:
-        self._call(None)
+    def run_step(self, name: str, context: dict, request_id: str | None = None) -> dict:
+        # Tool runs leave no record to ask about later (unverifiable side effects); the id only labels the call.
+        self._call("run_step", request_id, record=False)
+        self._log("run_step", request_id, "succeeded")
         return {"step": name, "ok": True}
 
     def request_status(self, request_id: str) -> str:
