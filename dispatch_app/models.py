@@ -9,6 +9,7 @@ import pgtrigger
 from django.db import models
 from django.db.models import Q
 
+from dispatch_app import history_triggers
 from dispatch_app.conf import NOTIFY_CHANNEL
 from dispatch_app.dbtime import ClockTimestamp
 
@@ -73,6 +74,15 @@ class Job(models.Model):
                 when=pgtrigger.Before,
                 operation=pgtrigger.Update,
                 func="NEW.updated_at = clock_timestamp(); RETURN NEW;",
+            ),
+            pgtrigger.Trigger(
+                name="job_attempt_history_v1",
+                level=pgtrigger.Row,
+                when=pgtrigger.After,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(history_triggers.JOB_CONDITION),
+                declare=history_triggers.JOB_DECLARE,
+                func=history_triggers.JOB_FUNC,
             ),
         ]
 
@@ -152,6 +162,22 @@ class DispatchEnvelope(models.Model):
                 referencing=pgtrigger.Referencing(old="old_rows", new="new_rows"),
                 func=_NOTIFY_REARMED,
             ),
+            pgtrigger.Trigger(
+                name="envelope_attempt_due_v1",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert,
+                referencing=pgtrigger.Referencing(new="new_rows"),
+                func=history_triggers.ENVELOPE_INSERT_FUNC,
+            ),
+            pgtrigger.Trigger(
+                name="envelope_attempt_dispatched_v1",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Update,
+                referencing=pgtrigger.Referencing(old="old_rows", new="new_rows"),
+                func=history_triggers.ENVELOPE_UPDATE_FUNC,
+            ),
         ]
 
     def __str__(self) -> str:
@@ -205,6 +231,37 @@ class VendorCall(models.Model):
 
     def __str__(self) -> str:
         return f"vendor call {self.seq} ({self.purpose}) of job {self.job_id} attempt {self.attempt}: {self.status}"
+
+
+class JobAttempt(models.Model):
+    """One attempt of a job, written only by triggers (dispatch_app.history_triggers), never overwritten
+    by a later attempt. Stage times are computed from it by dispatch_app.stages."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    attempt = models.PositiveIntegerField()
+    domain = models.CharField(max_length=32)
+    # Attempt 1: the submit; later attempts: the re-dispatch that made them.
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    # When its envelope first became claimable, if later than created_at (scheduled submit, retry backoff).
+    due_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # A job status it ended in, "superseded" (a later attempt replaced it), or "" while it goes on.
+    outcome = models.CharField(max_length=20, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt"], name="jobattempt_one_per_attempt")]
+        indexes = [
+            # The dashboard's latency windows and per-minute charts.
+            models.Index(fields=["dispatched_at"], name="jobattempt_dispatched"),
+            models.Index(fields=["finished_at"], name="jobattempt_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} ({self.outcome or 'ongoing'})"
 
 
 class RecoveryRound(models.Model):
