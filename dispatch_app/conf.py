@@ -33,6 +33,14 @@ SPECS: dict[str, _Spec] = {
     "BATCH_SIZE": _Spec(100, int, 1, 10_000, "envelopes claimed per dispatch batch"),
     "SEND_CONCURRENCY": _Spec(4, int, 1, 256, "sends in flight at once (threads)"),
     "SEND_CHUNK_SIZE": _Spec(50, int, 1, 10_000, "envelopes per Redis pipeline in one send"),
+    # Workers (dispatch_app.rqworker, manage.py runworkers).
+    "WORKER_PREFETCH": _Spec(8, int, 1, 1000, "ready jobs a worker takes per dequeue round trip (1 = one at a time)"),
+    "WORKER_HEARTBEAT_INTERVAL": _Spec(
+        10.0, float, 0.1, 600, "worker heartbeat period (s); a worker silent for 6 periods (min 3 s) counts as dead"
+    ),
+    "WORKER_DB_CHECK_INTERVAL": _Spec(
+        5.0, float, 0, 3600, "a worker health-checks its PostgreSQL connection after an error or this long (s)"
+    ),
     "POLL_INTERVAL": _Spec(1.0, float, 0.01, 3600, "fallback tick in seconds when no NOTIFY arrives"),
     "LEASE_SECONDS": _Spec(30.0, float, 1, 86_400, "visibility timeout of a claimed envelope"),
     "MAX_SEND_ATTEMPTS": _Spec(8, int, 1, 1000, "failed sends before an envelope is dead"),
@@ -80,6 +88,9 @@ class DispatchSettings:
     BATCH_SIZE: int
     SEND_CONCURRENCY: int
     SEND_CHUNK_SIZE: int
+    WORKER_PREFETCH: int
+    WORKER_HEARTBEAT_INTERVAL: float
+    WORKER_DB_CHECK_INTERVAL: float
     POLL_INTERVAL: float
     LEASE_SECONDS: float
     MAX_SEND_ATTEMPTS: int

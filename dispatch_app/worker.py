@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,9 @@ SET status = 'running', started_at = clock_timestamp(),
 WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
 RETURNING payload
 """
+
+# Job.error: "<module.ExceptionClass>: <message>", a blank line, the traceback; at most this long.
+ERROR_MAX_CHARS = 8000
 
 FINISH_SQL = """
 UPDATE dispatch_app_job
@@ -62,7 +67,7 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     """
     from psycopg.types.json import Jsonb
 
-    params = [status, Jsonb(result) if result is not None else None, error[:4000], job_id, attempt]
+    params = [status, Jsonb(result) if result is not None else None, error[:ERROR_MAX_CHARS], job_id, attempt]
     for retry in (False, True):
         try:
             with connection.cursor() as cursor:
@@ -81,27 +86,74 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     raise AssertionError("unreachable")
 
 
+def format_error(exc: BaseException) -> str:
+    """The shape Job.error keeps: the exception's dotted class and message, a blank line, the traceback.
+
+    Bounded: the first line is kept whole (up to the bound) and the traceback's
+    end, where the failing frame is, wins over its beginning.
+    """
+    kind = type(exc)
+    head = f"{kind.__module__}.{kind.__qualname__}: {exc}"[:ERROR_MAX_CHARS]
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    room = ERROR_MAX_CHARS - len(head) - 2
+    if room <= 0:
+        return head
+    if len(trace) > room:
+        trace = "...\n" + trace[-(room - 4) :]
+    return f"{head}\n\n{trace}"
+
+
+class _ConnectionCheck:
+    """When the worker's PostgreSQL connection is checked: after an error, or once per interval.
+
+    Django's close_old_connections() before every job costs a ``SELECT 1`` (CONN_HEALTH_CHECKS)
+    per job. Back-to-back jobs reuse a connection that was working a moment ago;
+    a connection idle for longer than the interval, or one that saw an error, is
+    checked (and replaced if dead) before the next job's start.
+    """
+
+    def __init__(self, interval: float | None = None):
+        self.interval = interval
+        self.checked_at = float("-inf")
+
+    def before(self) -> None:
+        if self.interval is None:
+            self.interval = dispatch_settings().WORKER_DB_CHECK_INTERVAL
+        now = time.monotonic()
+        if connection.errors_occurred or now - self.checked_at >= self.interval:
+            close_old_connections()
+        self.checked_at = now
+
+    def after(self) -> None:
+        if connection.errors_occurred:
+            close_old_connections()  # drops the connection if it is no longer usable
+        self.checked_at = time.monotonic()
+
+
+_check = _ConnectionCheck()
+
+
 def execute(domain_key: str, job_id: int, attempt: int) -> dict:
-    close_old_connections()
+    _check.before()
     try:
         return _execute(domain_key, job_id, attempt)
     finally:
-        close_old_connections()
+        _check.after()
 
 
 def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     domain = get_domain(domain_key)
-    with transaction.atomic(), connection.cursor() as cursor:
+    # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
+    with connection.cursor() as cursor:
         cursor.execute(START_SQL, [job_id, attempt])
         row = cursor.fetchone()
-        if row is None:
-            JobEvent.objects.create(
-                job_id=job_id,
-                attempt=attempt,
-                kind="duplicate_delivery",
-                reason="attempt not startable (already started, finished or superseded)",
-            )
     if row is None:
+        JobEvent.objects.create(
+            job_id=job_id,
+            attempt=attempt,
+            kind="duplicate_delivery",
+            reason="attempt not startable (already started, finished or superseded)",
+        )
         log.info(
             "job %s attempt %s: duplicate delivery ignored",
             job_id,
@@ -127,7 +179,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
         log.exception(
             "job %s attempt %s crashed", job_id, attempt, extra={"action": "task_error", "domain": domain_key}
         )
-        _finish(job_id, attempt, "failed", error=f"{type(exc).__name__}: {exc}")
+        _finish(job_id, attempt, "failed", error=format_error(exc))
         return {"failed": str(exc)}
     if not _finish(job_id, attempt, "succeeded", result=result):
         JobEvent.objects.create(

@@ -1,0 +1,46 @@
+"""``manage.py runworkers``: the project's RQ workers, configured the one right way.
+
+All domain queues by default, the JSON serializer and
+``dispatch_app.rqworker.PipelineWorker`` always. The logic is in
+dispatch_app.rqworker.runner.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.management.base import BaseCommand, CommandError
+
+from dispatch_app.management.commands._args import positive_int
+from dispatch_app.rqworker.runner import BadQueues, Plan, parse_queues, run
+
+
+class Command(BaseCommand):
+    help = "Run PipelineWorkers on the domain queues (JSON serializer). SIGTERM finishes the current job, then exits."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--queues", help="comma-separated queues to serve (default: every domain queue, in priority order)"
+        )
+        parser.add_argument(
+            "--processes", type=positive_int, default=None, help="worker processes (default: the number of cores)"
+        )
+        parser.add_argument(
+            "--max-jobs", type=positive_int, help="a worker process exits after this many jobs and is replaced"
+        )
+        parser.add_argument("--burst", action="store_true", help="drain the queues, then exit")
+        parser.add_argument("--log-level", default="INFO", help="worker log level (default INFO)")
+
+    def handle(self, *args, **options):
+        try:
+            queues = parse_queues(options["queues"])
+        except BadQueues as exc:
+            raise CommandError(str(exc)) from None
+        plan = Plan(
+            queues=queues,
+            processes=options["processes"] or os.cpu_count() or 1,
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            logging_level=options["log_level"].upper(),
+        )
+        run(plan)

@@ -1,0 +1,92 @@
+"""The worker's heartbeat on its own thread: once per interval, whatever the jobs do.
+
+RQ's worker writes its heartbeat from the job loop, several times per job, and
+not at all while a job runs in-process. Here a thread keeps the worker hash
+alive on a fixed period with a short TTL, so the hash says "alive" exactly while
+the process is (recovery's evidence: dispatch_app.recovery.evidence.worker_alive),
+and a killed worker is seen dead within a few periods instead of the job
+timeout + 60 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import redis
+from rq.utils import now, utcformat
+
+log = logging.getLogger("dispatch_app.rqworker")
+
+# Periods of silence after which the hash expires (the worker counts as dead).
+TTL_PERIODS = 6
+MIN_TTL_SECONDS = 3
+
+
+def ttl_seconds(interval: float) -> int:
+    return max(MIN_TTL_SECONDS, math.ceil(interval * TTL_PERIODS))
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, worker, interval: float):
+        super().__init__(name=f"heartbeat-{worker.name}", daemon=True)
+        self.worker = worker
+        self.interval = interval
+        self.ttl = ttl_seconds(interval)
+        self.stopping = threading.Event()
+        self._failing = False
+
+    def run(self) -> None:
+        while True:
+            self.run_once()
+            if self.stopping.wait(self.interval):
+                return
+
+    def run_once(self) -> bool:
+        try:
+            self.beat()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not self._failing:
+                log.warning(
+                    "worker %s: heartbeat failed (%s); retrying every %ss",
+                    self.worker.name,
+                    exc,
+                    self.interval,
+                    extra={"action": "worker_heartbeat_failed", "domain": "worker"},
+                )
+            self._failing = True
+            return False
+        except Exception:  # a bug here must not end the beat: the worker would look dead
+            log.exception(
+                "worker %s: heartbeat error",
+                self.worker.name,
+                extra={"action": "worker_heartbeat_error", "domain": "worker"},
+            )
+            return False
+        if self._failing:
+            log.info(
+                "worker %s: heartbeat restored",
+                self.worker.name,
+                extra={"action": "worker_heartbeat_restored", "domain": "worker"},
+            )
+        self._failing = False
+        return True
+
+    def beat(self) -> None:
+        worker = self.worker
+        worker.last_heartbeat = now()
+        with worker.connection.pipeline(transaction=False) as pipe:
+            pipe.hset(worker.key, "last_heartbeat", utcformat(worker.last_heartbeat))
+            pipe.expire(worker.key, self.ttl)
+            pipe.expire(worker.executions_key, self.ttl)
+            created = pipe.execute()[0]
+        if created:
+            # The hash was gone (it expired, or Redis lost its data): write it whole again,
+            # or dashboards would show a worker with nothing but a heartbeat.
+            worker.reregister(self.ttl)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)

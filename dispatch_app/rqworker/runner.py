@@ -1,0 +1,144 @@
+"""How ``manage.py runworkers`` runs PipelineWorkers: one in this process, or N under RQ's WorkerPool.
+
+RQ's WorkerPool forks and respawns the workers (a worker that exits after
+``--max-jobs`` is replaced, in burst mode none is); its stock child entry point
+passes neither ``max_jobs`` nor the worker's settings, so ``ProjectWorkerPool``
+replaces only that entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from rq.serializers import JSONSerializer
+from rq.worker_pool import WorkerPool
+
+from dispatch_app.conf import dispatch_settings
+from dispatch_app.domains import QUEUE_NAMES
+from dispatch_app.rqworker.worker import PipelineWorker
+
+log = logging.getLogger("dispatch_app.rqworker")
+
+
+class BadQueues(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    queues: tuple[str, ...]
+    processes: int
+    burst: bool = False
+    max_jobs: int | None = None
+    logging_level: str = "INFO"
+
+
+def parse_queues(text: str | None) -> tuple[str, ...]:
+    """``a,b`` -> ("a", "b"); every name must be a domain queue (dispatch_app.domains.QUEUE_NAMES)."""
+    if text is None:
+        return QUEUE_NAMES
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise BadQueues(f"--queues is empty; valid queues: {', '.join(QUEUE_NAMES)}")
+    unknown = [n for n in names if n not in QUEUE_NAMES]
+    if unknown:
+        raise BadQueues(f"unknown queue(s) {', '.join(unknown)}; valid queues: {', '.join(QUEUE_NAMES)}")
+    return names
+
+
+def worker_name() -> str:
+    """Readable in rq info and the dashboard: host, pid, and a suffix unique across restarts."""
+    return f"pf.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+
+
+def connect() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def build_worker(queues, connection: redis.Redis | None = None, name: str | None = None) -> PipelineWorker:
+    """A PipelineWorker with the project's settings; waits for Redis if it is down at start-up."""
+    conf = dispatch_settings()
+    delay = 0.5
+    while True:
+        try:
+            worker = PipelineWorker(
+                list(queues),
+                name=name or worker_name(),
+                connection=connection or connect(),
+                serializer=JSONSerializer,
+                prefetch=conf.WORKER_PREFETCH,
+                heartbeat_interval=conf.WORKER_HEARTBEAT_INTERVAL,
+            )
+            worker.reconnect_backoff_max = conf.RECONNECT_BACKOFF_MAX
+            return worker
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.error(
+                "Redis unavailable at worker start-up (%s); retrying in %.1fs",
+                exc,
+                delay,
+                extra={"action": "worker_redis_unavailable", "domain": "worker"},
+            )
+            time.sleep(delay)  # nothing is running yet; SIGTERM's default action ends the process
+            delay = min(delay * 2, conf.RECONNECT_BACKOFF_MAX)
+
+
+def run_one(plan: Plan) -> bool:
+    worker = build_worker(plan.queues)
+    return worker.work(burst=plan.burst, max_jobs=plan.max_jobs, logging_level=plan.logging_level)
+
+
+def _pool_child(name, queue_names, burst=True, logging_level="INFO", max_jobs=None):
+    # A forked child: Django is set up and the parent holds no database connection
+    # (closed before the pool started), so this child opens its own.
+    worker = build_worker(queue_names)
+    worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level)
+
+
+class ProjectWorkerPool(WorkerPool):
+    def __init__(self, plan: Plan):
+        super().__init__(
+            list(plan.queues),
+            connection=connect(),
+            num_workers=plan.processes,
+            worker_class=PipelineWorker,
+            serializer=JSONSerializer,
+        )
+        self.plan = plan
+
+    def get_worker_process(self, name, burst, _sleep=0, logging_level="INFO"):
+        from rq.worker_pool import ForkProcess
+
+        return ForkProcess(
+            target=_pool_child,
+            args=(name, list(self.plan.queues)),
+            kwargs={"burst": burst, "logging_level": logging_level, "max_jobs": self.plan.max_jobs},
+            name=f"PipelineWorker {name} (pool {self.name})",
+        )
+
+
+def run(plan: Plan) -> int:
+    """Exit status: 0 after a warm shutdown or a finished burst."""
+    log.info(
+        "runworkers: %d process(es) on %s%s%s",
+        plan.processes,
+        ",".join(plan.queues),
+        " (burst)" if plan.burst else "",
+        f", recycled every {plan.max_jobs} jobs" if plan.max_jobs else "",
+        extra={"action": "runworkers_start", "domain": "worker"},
+    )
+    # One process and nothing to respawn: the worker runs here (no supervisor process in between).
+    if plan.processes == 1 and (plan.burst or plan.max_jobs is None):
+        run_one(plan)
+        return 0
+    from django.db import connections
+
+    connections.close_all()  # forked children must not share the parent's sockets
+    ProjectWorkerPool(plan).start(burst=plan.burst, logging_level=plan.logging_level)
+    return 0

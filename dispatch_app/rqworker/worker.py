@@ -1,0 +1,437 @@
+"""PipelineWorker: RQ's in-process worker with the round trips this pipeline does not need taken out.
+
+Per job, RQ's SimpleWorker makes ~20 Redis round trips (heartbeats several times
+per job, separate pipelines for the execution, the start, the end, the state).
+This subclass keeps RQ's data model (queues, job hashes, executions, the
+started/finished/failed registries, worker hashes and counters) and writes it
+in fewer, larger transactions:
+
+- one script call takes up to WORKER_PREFETCH ready jobs and their hashes
+  (``fetch.Fetcher``), moving each to the queue's intermediate list as RQ does;
+- one MULTI/EXEC per job writes the previous job's end *and* this job's start
+  (status, worker name, execution, started registry), so the registries move
+  from one true state to the next and the start is in Redis before the job runs;
+- the heartbeat runs on its own thread once per interval (``beat.Heartbeat``);
+- a success stores no result payload (PostgreSQL is the record): the job's
+  status, end time, finished registry entry and the worker's counters remain.
+
+Failures, retries, callbacks and dependents go through RQ's own code. The
+loop survives Redis outages (waits, reconnects with backoff) instead of exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+import redis
+from rq.exceptions import DeserializationError, StopRequested
+from rq.executions import Execution
+from rq.job import JobStatus, Retry
+from rq.rate_limit import release_slot
+from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
+from rq.utils import now, utcformat
+from rq.worker import SimpleWorker, WorkerStatus
+from rq.worker_registration import register
+
+from dispatch_app.rqworker.beat import Heartbeat
+from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
+
+log = logging.getLogger("dispatch_app.rqworker")
+
+# A batch pays off for short jobs; a slow job holds its batch-mates hostage while
+# another worker may be idle, so slower recent jobs mean one job per round trip.
+FAST_JOB_SECONDS = 0.05
+# A taken job not started within this long goes back to its queue: RQ's maintenance
+# fails jobs left in the intermediate list for over a minute.
+HOLD_SECONDS = 20.0
+IDLE_WAIT_SECONDS = 1.0
+RECENT_OUTCOMES = 20
+# Worker hash fields this worker adds for the health view (dispatch_app.rqworker.health).
+RECENT_FIELD = "pf_recent"
+UNDESERIALIZABLE_FIELD = "pf_undeserializable"
+LAST_ERROR_FIELD = "pf_last_error"
+
+
+class PipelineWorker(SimpleWorker):
+    def __init__(self, queues, *args, prefetch: int = 8, heartbeat_interval: float = 10.0, **kwargs):
+        # JSON always: a job planted in Redis must not be able to run code (pickle), and our
+        # publisher writes JSON; a worker on another serializer would fail every job.
+        kwargs["serializer"] = kwargs.get("serializer") or JSONSerializer
+        self.prefetch = prefetch
+        self.heartbeat_interval = heartbeat_interval
+        self.reconnect_backoff_max = 30.0
+        self._stopping = threading.Event()
+        self._buffer: list[tuple[Taken, float]] = []
+        self._pending: tuple | None = None  # (job, queue, execution) ended, not yet written
+        self._pending_fields: dict[str, str] = {}
+        self._recent = ""
+        self._undeserializable = 0
+        self._told_undeserializable = False
+        self._job_seconds = 0.0
+        self._beat: Heartbeat | None = None
+        self._fetcher: Fetcher | None = None
+        super().__init__(queues, *args, **kwargs)
+
+    # --- connection and lifecycle -------------------------------------------------
+    def _set_connection(self, connection):
+        # RQ raises socket_timeout to the dequeue timeout (~7 min); the idle wait here is
+        # short, so every Redis call keeps the timeout from REDIS_URL and an outage shows.
+        return connection
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return 1
+
+    def get_heartbeat_ttl(self, job, working_time: float = 0.0) -> int:
+        # The execution and its started-registry entry outlive the job's timeout, as in RQ.
+        return int(job.timeout or self.queue_class.DEFAULT_TIMEOUT) + 60
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        """RQ calls this from a few places (suspension checks); the same short TTL as the beat thread."""
+        self.last_heartbeat = now()
+        conn = pipeline if pipeline is not None else self.connection
+        conn.hset(self.key, "last_heartbeat", utcformat(self.last_heartbeat))
+        conn.expire(self.key, self._beat.ttl if self._beat else self.worker_ttl + 60)
+
+    def reregister(self, ttl: int) -> None:
+        """Write the whole worker hash again (it expired, or Redis lost its data)."""
+        mapping = {
+            **self.serialize(),
+            "state": self.get_state(),
+            "successful_job_count": self.successful_job_count,
+            "failed_job_count": self.failed_job_count,
+            **self._health_fields(),
+        }
+        with self.connection.pipeline() as pipe:
+            pipe.hset(self.key, mapping={k: v for k, v in mapping.items() if v is not None})
+            register(self, pipe)
+            pipe.expire(self.key, ttl)
+            pipe.execute()
+
+    def _retrying(self, action, what: str) -> None:
+        """Run ``action`` until Redis answers (start-up during an outage), backing off."""
+        delay = 0.5
+        while True:
+            try:
+                return action()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.error(
+                    "worker %s: Redis unavailable (%s); retrying in %.1fs",
+                    self.name,
+                    exc,
+                    delay,
+                    extra={"action": "worker_redis_unavailable", "domain": "worker", "during": what},
+                )
+                if self._stopping.wait(delay):
+                    raise StopRequested() from exc
+                delay = min(delay * 2, self.reconnect_backoff_max)
+
+    def bootstrap(self, logging_level="INFO", date_format=None, log_format=None):
+        kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v}
+        self._retrying(lambda: super(PipelineWorker, self).bootstrap(logging_level, **kwargs), "worker_start")
+        self._fetcher = Fetcher(self.connection, self._ordered_queues, self.job_class, self.serializer)
+        self._beat = Heartbeat(self, self.heartbeat_interval)
+        self._beat.start()
+
+    def teardown(self):
+        if self._beat is not None:
+            self._beat.stop()
+        try:
+            self._flush_pending()
+            if self._fetcher is not None:
+                self._fetcher.give_back([t for t, _ in self._buffer])
+            self._buffer.clear()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning(
+                "worker %s: Redis unavailable at shutdown (%s); taken jobs are left to RQ's maintenance",
+                self.name,
+                exc,
+                extra={"action": "worker_teardown_redis_down", "domain": "worker"},
+            )
+        try:
+            super().teardown()
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.unsubscribe()  # the hash expires on its own; nothing else to release
+
+    # --- signals ---------------------------------------------------------------------
+    def request_stop(self, signum, frame):
+        """Warm shutdown: the job in hand finishes, taken jobs go back, then the worker exits.
+
+        Never raises from the signal handler: an exception here could land between a
+        job's side effect and the write that records it.
+        """
+        self._shutdown_requested_date = now()
+        self._stop_requested = True
+        self._stopping.set()
+        signal.signal(signal.SIGINT, self.request_force_stop)
+        signal.signal(signal.SIGTERM, self.request_force_stop)
+        log.info(
+            "worker %s: warm shutdown requested; finishing the current job",
+            self.name,
+            extra={"action": "worker_stop_requested", "domain": "worker"},
+        )
+
+    # --- the loop ----------------------------------------------------------------------
+    def work(self, burst=False, logging_level=None, date_format=None, log_format=None, max_jobs=None, **_ignored):
+        """RQ's work() contract (returns whether any job ran); ``with_scheduler`` etc. are not used."""
+        self.bootstrap(logging_level or "INFO", date_format, log_format)
+        self._install_signal_handlers()
+        completed = 0
+        try:
+            while not self._stop_requested:
+                try:
+                    if self.should_run_maintenance_tasks:
+                        self.run_maintenance_tasks()
+                    limit = self.prefetch if self._job_seconds < FAST_JOB_SECONDS else 1
+                    if max_jobs is not None:
+                        limit = min(limit, max_jobs - completed)
+                    item = self._next(limit, burst)
+                    if item is None:
+                        if burst:
+                            break
+                        continue
+                    self._run(item)
+                    completed += 1
+                    if max_jobs is not None and completed >= max_jobs:
+                        log.info(
+                            "worker %s: %d jobs done, exiting (--max-jobs)",
+                            self.name,
+                            completed,
+                            extra={"action": "worker_max_jobs", "domain": "worker"},
+                        )
+                        break
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self._redis_down(exc)
+                except StopRequested:
+                    break
+        finally:
+            self.teardown()
+        return bool(completed)
+
+    def _next(self, limit: int, burst: bool) -> Taken | None:
+        """The next job to run: from the batch in hand, else a fresh batch, else wait (not in burst)."""
+        if self._buffer:
+            taken, at = self._buffer[0]
+            if time.monotonic() - at <= HOLD_SECONDS:
+                self._buffer.pop(0)
+                return taken
+            self._fetcher.give_back([t for t, _ in self._buffer])
+            self._buffer.clear()
+        try:
+            batch = self._fetcher.take(limit)
+        except Suspended:
+            self._flush_pending()
+            self.check_for_suspension(burst)
+            return None
+        if not batch:
+            self._flush_pending(idle=True)
+            if burst:
+                return None
+            popped = self._fetcher.wait(self._idle_wait())
+            if popped is None:
+                return None
+            batch = self._fetcher.take(limit, popped=popped)
+            if not batch:
+                return None
+        at = time.monotonic()
+        self._buffer = [(t, at) for t in batch[1:]]
+        return batch[0]
+
+    def _idle_wait(self) -> float:
+        timeout = self.connection.connection_pool.connection_kwargs.get("socket_timeout")
+        return IDLE_WAIT_SECONDS if not timeout else max(0.1, min(IDLE_WAIT_SECONDS, timeout / 2))
+
+    def _run(self, taken: Taken) -> None:
+        job, queue = taken.job, taken.queue
+        try:
+            job.func_name  # noqa: B018 - deserialises the call; a foreign job fails here, before any start
+        except DeserializationError as exc:
+            self._undeserializable_job(taken, exc)
+            return
+        if job.repeats_left is not None:
+            # Repeating jobs need RQ's scheduling on success: RQ's own path, unbatched.
+            self._flush_pending()
+            return super().execute_job(job, queue)
+
+        execution = self._write_start(job, queue)
+        started = time.monotonic()
+        job.started_at = now()
+        try:
+            timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
+            with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
+                return_value = job.perform()
+        except Exception:
+            self._job_seconds = time.monotonic() - started
+            self._outcome("f")
+            self.failed_job_count += 1
+            self._finalize_failure(job, queue, execution, sys.exc_info())
+            return
+        self._job_seconds = time.monotonic() - started
+        job.ended_at = now()
+        job._result = return_value
+        if isinstance(return_value, Retry) or job.success_callback:
+            # Retries and success callbacks: RQ's own handling, one job at a time.
+            self._outcome("f" if isinstance(return_value, Retry) else "s")
+            return self._finalize_success(job, queue, execution, return_value)
+        self._outcome("s")
+        self._pending = (job, queue, execution)
+
+    # --- the writes ----------------------------------------------------------------------
+    def _write_start(self, job, queue) -> Execution:
+        """One transaction: the previous job's end, then this job's start (RQ's prepare_execution +
+        prepare_job_execution, minus the per-job heartbeats)."""
+        with self.connection.pipeline() as pipe:
+            after = self._write_end(pipe)
+            ttl = self.get_heartbeat_ttl(job)
+            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+            self.executions[execution.id] = execution
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            pipe.persist(job.key)
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            if self.get_state() != WorkerStatus.BUSY:
+                self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self._write_fields(pipe)
+            results = pipe.execute()
+        self._after_end(after, results)
+        return execution
+
+    def _flush_pending(self, idle: bool = False) -> None:
+        with self.connection.pipeline() as pipe:
+            after = self._write_end(pipe)
+            if idle and self.get_state() != WorkerStatus.IDLE:
+                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            self._write_fields(pipe)
+            if not len(pipe):
+                return
+            results = pipe.execute()
+        self._after_end(after, results)
+
+    def _write_end(self, pipe):
+        """RQ's handle_job_success for the pending job, without the result payload or the WATCH on
+        dependents (checked in the same transaction instead: the project's jobs have none)."""
+        if self._pending is None:
+            return None
+        job, queue, execution = self._pending
+        self._pending = None
+        job._status = JobStatus.FINISHED
+        self.successful_job_count += 1
+        self.increment_successful_job_count(pipeline=pipe)
+        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        pipe.hset(job.key, mapping={"status": JobStatus.FINISHED, "ended_at": utcformat(job.ended_at)})
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        if result_ttl != 0:
+            job.finished_job_registry.add(job, result_ttl, pipe)
+        job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+        self.cleanup_execution(job, pipeline=pipe, execution=execution)
+        index = len(pipe)
+        pipe.exists(job.dependents_key)
+        return job, queue, index
+
+    def _after_end(self, after, results) -> None:
+        if after is None:
+            return
+        job, queue, index = after
+        if results[index]:
+            self._enqueue_dependents_safely(queue, job)
+        release_slot(job)
+        job.send_webhooks(JobStatus.FINISHED)
+
+    def _write_fields(self, pipe) -> None:
+        if self._pending_fields:
+            pipe.hset(self.key, mapping=self._pending_fields)
+            self._pending_fields = {}
+
+    # --- health evidence -----------------------------------------------------------------
+    def _outcome(self, kind: str) -> None:
+        self._recent = (self._recent + kind)[-RECENT_OUTCOMES:]
+        self._pending_fields[RECENT_FIELD] = self._recent
+
+    def _health_fields(self) -> dict[str, str]:
+        return {RECENT_FIELD: self._recent, UNDESERIALIZABLE_FIELD: str(self._undeserializable)}
+
+    def _undeserializable_job(self, taken: Taken, exc: DeserializationError) -> None:
+        """Loud once per process (what is wrong and what to do), one line per job after that."""
+        job, queue = taken.job, taken.queue
+        self._undeserializable += 1
+        self._outcome("d")
+        self._pending_fields[UNDESERIALIZABLE_FIELD] = str(self._undeserializable)
+        cause = exc.__cause__ or exc
+        self._pending_fields[LAST_ERROR_FIELD] = f"job {job.id}: cannot deserialize: {type(cause).__name__}: {cause}"[
+            :500
+        ]
+        extra = {"action": "job_undeserializable", "domain": queue.name, "job_id": job.id}
+        if not self._told_undeserializable:
+            self._told_undeserializable = True
+            log.error(
+                "worker %s: job %s: exception raised while executing (<DeserializationError>): its data is not "
+                "JSON this worker can read (%s: %s). The project's dispatcher enqueues JSON: a job like this was "
+                "enqueued by something else (another serializer, e.g. pickle, or a planted job). It is failed "
+                "(RQ failed registry), never run; later ones are reported one line each.",
+                self.name,
+                job.id,
+                type(cause).__name__,
+                cause,
+                extra=extra,
+            )
+        else:
+            log.warning(
+                "worker %s: job %s: exception raised while executing (<DeserializationError>); failed, not run",
+                self.name,
+                job.id,
+                extra=extra,
+            )
+        self._flush_pending()
+        with self.connection.pipeline() as pipe:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            self._write_fields(pipe)
+            pipe.execute()
+        job.ended_at = now()
+        self.handle_job_failure(job, queue, exc_string=f"DeserializationError: {type(cause).__name__}: {cause}")
+        self.failed_job_count += 1
+
+    # --- Redis outages -----------------------------------------------------------------
+    def _redis_down(self, exc: Exception) -> None:
+        """Wait with backoff until Redis answers, then carry on (RQ's worker exits here)."""
+        delay = 0.5
+        log.error(
+            "worker %s: Redis unavailable (%s); waiting and reconnecting",
+            self.name,
+            exc,
+            extra={"action": "worker_redis_unavailable", "domain": "worker"},
+        )
+        # What was taken may be gone with Redis' data; what is still there goes back once it answers.
+        taken = [t for t, _ in self._buffer]
+        self._buffer.clear()
+        while not self._stop_requested:
+            if self._stopping.wait(delay):
+                break
+            try:
+                self.connection.ping()
+            except (redis.ConnectionError, redis.TimeoutError):
+                delay = min(delay * 2, self.reconnect_backoff_max)
+                continue
+            try:
+                if not self.connection.exists(self.key):
+                    self.reregister(self._beat.ttl if self._beat else 60)
+                self._flush_pending_after_outage()
+                self._fetcher.give_back([t for t in taken if self.connection.exists(t.job.key)])
+            except (redis.ConnectionError, redis.TimeoutError):
+                delay = min(delay * 2, self.reconnect_backoff_max)
+                continue
+            log.info(
+                "worker %s: Redis is back; resuming",
+                self.name,
+                extra={"action": "worker_redis_restored", "domain": "worker"},
+            )
+            return
+
+    def _flush_pending_after_outage(self) -> None:
+        if self._pending is not None and not self.connection.exists(self._pending[0].key):
+            self._pending = None  # Redis lost the job: writing its end would create a stub hash
+        self._flush_pending()
+
