@@ -7,6 +7,9 @@ from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.ops.wiring import Ops
 from dispatch_app.runtime.supervisor import Supervisor
 
+# How much nicer than the dispatcher the recovery child runs (rundispatcher --recovery-nice).
+DEFAULT_NICE = 10
+
 
 def build(conf: DispatchSettings, options: dict) -> Supervisor:
     if options.get("no_dispatch") and options.get("no_recovery"):
@@ -18,9 +21,36 @@ def build(conf: DispatchSettings, options: dict) -> Supervisor:
         conf, listen=not options.get("no_listen"), dispatch=not options.get("no_dispatch"), observer=ops.observer
     )
     if not options.get("no_recovery"):
-        add_recovery_loops(supervisor, conf, domains)
+        # A recovery-only process (--no-dispatch) is already the recovery process: its loops run in it.
+        if options.get("recovery_in_process") or options.get("no_dispatch"):
+            add_recovery_loops(supervisor, conf, domains)
+        else:
+            add_recovery_process(supervisor, conf, domains, nice=options.get("recovery_nice"))
     ops.attach(supervisor)
     return supervisor
+
+
+def add_recovery_process(supervisor: Supervisor, conf: DispatchSettings, domains: list[str], *, nice=None):
+    """The default: the recovery loops in a supervised child process at a lower CPU priority."""
+    from dispatch_app.recovery.policy import resolve
+    from dispatch_app.runtime.recovery_process import RecoveryProcessLoop, RecoveryProcessRunner
+
+    # Resolved here too, so a bad override fails this command, not a child restarted forever.
+    for domain in domains:
+        resolve(domain, conf.RECOVERY)
+    loop = RecoveryProcessLoop(
+        conf, domains, supervisor.stop, observer=supervisor.observer, nice=DEFAULT_NICE if nice is None else nice
+    )
+    runner = RecoveryProcessRunner(
+        loop,
+        supervisor.stop,
+        max_backoff=conf.RECONNECT_BACKOFF_MAX,
+        on_success=supervisor._on_success,
+        on_error=supervisor._on_error,
+    )
+    supervisor.runners.append(runner)
+    supervisor.closers.append(loop.kill)
+    return runner
 
 
 def add_recovery_loops(supervisor: Supervisor, conf: DispatchSettings, domains: list[str]) -> None:

@@ -109,7 +109,14 @@ class Supervisor:
         return hung
 
     def loop_names(self) -> list[str]:
-        return [runner.name for runner in self.runners]
+        """Every loop of this process, with those a child process runs for it (``recovery-process``)."""
+        names = []
+        for runner in self.runners:
+            names.append(runner.name)
+            child_loops = getattr(getattr(runner, "loop", None), "loop_names", None)
+            if child_loops is not None:
+                names.extend(child_loops())
+        return names
 
     def close(self) -> None:
         """Release what the process holds beyond its threads (metrics server, heartbeat row)."""

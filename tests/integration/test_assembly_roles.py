@@ -36,3 +36,13 @@ def test_nothing_to_run_is_a_usage_error():
     with pytest.raises(CommandError, match="leaves nothing to run") as failure:
         call_command("rundispatcher", "--no-dispatch", "--no-recovery")
     assert failure.value.returncode == 2
+
+
+def test_by_default_recovery_runs_in_a_child_process_supervised_by_this_one():
+    names = _names(domains=["delivery"])
+    assert names[names.index("recovery-process") + 1] == "recovery-delivery"  # the child's loop, reported here
+
+
+def test_recovery_in_process_runs_the_recovery_loops_as_threads():
+    names = _names(recovery_in_process=True, domains=["delivery"])
+    assert "recovery-process" not in names and "recovery-delivery" in names

@@ -1,8 +1,10 @@
 """``manage.py recover --once``: one recovery round per domain, then a dispatch drain.
 
 In that order, so what recovery re-dispatches is on RQ when the command ends.
-One domain's failure does not stop the others. Exit code: 0 all succeeded, 1 any
-domain (or the drain) failed, 2 bad arguments or settings.
+One domain's failure does not stop the others. Exit code: 0 every domain ran its
+round and nothing failed; 1 any domain (or the drain) failed; 2 bad arguments or
+settings; 3 nothing failed but a domain was busy (another process held its round
+lock, so this command did not recover it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from django.db import close_old_connections
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.management.commands._args import SettingsErrorExit2
+
+EXIT_BUSY = 3
 
 
 def domain_name(text: str) -> str:
@@ -72,6 +76,12 @@ class Command(SettingsErrorExit2, BaseCommand):
         if failed:
             # Django turns this into exit status 1 on the command line.
             raise CommandError(f"recovery failed for: {', '.join(failed)}", returncode=1)
+        busy = [r["domain"] for r in results if r["status"] == "busy"]
+        if busy:
+            # A cron job or script must not read "recovered" when another process still holds the domain.
+            raise CommandError(
+                f"not recovered, another process holds the round lock: {', '.join(busy)}", returncode=EXIT_BUSY
+            )
 
     def _drain(self, conf) -> dict:
         from dispatch_app.dispatch.loop import DispatchLoop

@@ -1,7 +1,15 @@
-"""``manage.py rundispatcher``: the listener, the dispatch loop and the recovery loops."""
+"""``manage.py rundispatcher``: the listener, the dispatch loop and the recovery loops.
+
+By default the recovery loops run in a supervised child process at a lower CPU
+priority (``runtime.recovery_process``), so recovery does not take the
+dispatcher's GIL and cores. Exit codes: 0 clean stop; 1 forced exit (second
+signal) or a crash; 2 bad arguments or settings; 3 a loop (or the recovery
+process) was still running at the shutdown deadline.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -21,6 +29,18 @@ from dispatch_app.management.commands._args import (
 
 log = logging.getLogger("dispatch_app.rundispatcher")
 
+EXIT_HUNG = 3
+
+
+def nice_increment(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number 0-19, got {text!r}") from None
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be 0-19, got {value}")
+    return value
+
 
 class Command(SettingsErrorExit2, BaseCommand):
     help = "Run the dispatcher: LISTEN/NOTIFY wake-ups, the dispatch loop and per-domain recovery loops."
@@ -39,6 +59,20 @@ class Command(SettingsErrorExit2, BaseCommand):
             help="recovery only: no listener, no dispatch loop (give recovery its own process and cores)",
         )
         parser.add_argument(
+            "--recovery-in-process",
+            action="store_true",
+            help="run the recovery loops as threads of this process, not in a child process (tests, small setups)",
+        )
+        parser.add_argument(
+            "--recovery-nice",
+            type=nice_increment,
+            default=None,
+            help="how much lower the recovery process's CPU priority is (nice increment 0-19, default 10)",
+        )
+        # The child's side of the default deployment (runtime.recovery_child); not for operators.
+        parser.add_argument("--recovery-child", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--report-fd", type=int, default=None, help=argparse.SUPPRESS)
+        parser.add_argument(
             "--domains", type=domain_list, help="comma-separated domains to run recovery for (default: all)"
         )
         parser.add_argument("--metrics-port", type=port_number, help="serve Prometheus metrics on this port")
@@ -54,6 +88,8 @@ class Command(SettingsErrorExit2, BaseCommand):
         )
         if not options.get("skip_checks"):
             self.check()
+        if options.get("recovery_child"):
+            return self._recovery_child(conf, options)
         from dispatch_app.runtime import assembly
 
         try:
@@ -88,6 +124,23 @@ class Command(SettingsErrorExit2, BaseCommand):
             pass
         hung = supervisor.join()
         supervisor.close()
-        if hung:
-            self.stderr.write(f"loops still running at the deadline: {', '.join(hung)}")
         sys.stdout.flush()
+        if hung:
+            # Not a clean stop: a supervisor (systemd, Kubernetes) and the operator must see it.
+            raise CommandError(f"loops still running at the deadline: {', '.join(hung)}", returncode=EXIT_HUNG)
+
+    def _recovery_child(self, conf, options) -> None:
+        from dispatch_app.domains import DOMAIN_KEYS
+        from dispatch_app.runtime import assembly, recovery_child
+
+        nice = options.get("recovery_nice")
+        hung = recovery_child.run(
+            conf,
+            options.get("domains") or list(DOMAIN_KEYS),
+            report_fd=options.get("report_fd"),
+            nice=assembly.DEFAULT_NICE if nice is None else nice,
+            out=self.stdout,
+        )
+        sys.stdout.flush()
+        if hung:
+            raise CommandError(f"recovery loops still running at the deadline: {', '.join(hung)}", returncode=EXIT_HUNG)
