@@ -1,8 +1,12 @@
-"""pgqueuer in its benchmark shapes, in its own database: ``python -m bench.peer_pgqueuer '<json>'``.
+"""pgqueuer as a peer, in its own database: ``python -m bench.peer_pgqueuer drain '<json>'``.
 
-drain: enqueue N jobs, then one QueueManager in ``drain`` mode until empty.
-throughput: a producer enqueues batches while one QueueManager consumes, for a
-fixed time; jobs processed per second. Prints one ``result <json>`` line.
+drain: enqueue `count` jobs, then one QueueManager in ``drain`` mode until the
+queue is empty (dequeue batch `batch_size`, default 100: pgqueuer's rate comes
+from taking many jobs per round trip). Measured like the other workers: first
+job function start -> last job function finish, the process's own CPU and its
+PostgreSQL backends' CPU over the drain. Durability: job state in PostgreSQL
+(server default ``synchronous_commit``); completions are logged in batches.
+Prints one ``result <json>`` line.
 """
 
 from __future__ import annotations
@@ -10,64 +14,62 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from datetime import timedelta
 
 
-async def main(spec: dict) -> dict:
+async def main(role: str, spec: dict) -> dict:
     import psycopg
     from pgqueuer import PsycopgDriver, Queries, QueueManager
     from pgqueuer.domain.types import QueueExecutionMode
 
+    from bench.cpu import CpuMeter, pg_backend_pids, self_cpu
+
+    if role != "drain":
+        raise ValueError(f"unknown role {role!r}")
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    out: dict = {}
-    batch = spec.get("batch_size", 100)
+    batch = int(spec.get("batch_size", 100))
+    n = int(spec["count"])
     async with await psycopg.AsyncConnection.connect(spec["conninfo"], autocommit=True) as conn:
         queries = Queries(PsycopgDriver(conn))
         await queries.install()
-        n = spec["drain_jobs"]
-        started = time.monotonic()
         for first in range(0, n, 1000):
             size = min(1000, n - first)
             await queries.enqueue(["bench"] * size, [None] * size, [0] * size)
-        out["enqueue_s"] = time.monotonic() - started
 
-    async def consume(mode, seconds=None):
+    times: dict = {"n": 0}
+    with psycopg.connect(spec["conninfo"], autocommit=True) as watch:
+        own = watch.execute("SELECT pg_backend_pid()").fetchone()[0]
         async with await psycopg.AsyncConnection.connect(spec["conninfo"], autocommit=True) as conn:
             qm = QueueManager(Queries(PsycopgDriver(conn)))
-            done = {"n": 0}
 
             @qm.entrypoint("bench")
             async def bench(job) -> None:
-                done["n"] += 1
+                now = time.time()
+                times.setdefault("first", now)
+                times["n"] += 1
+                times["last_end"] = time.time()
 
-            if seconds is not None:
-                asyncio.get_running_loop().call_later(seconds, qm.shutdown.set)
-            started = time.monotonic()
-            await qm.run(batch_size=batch, mode=mode, dequeue_timeout=timedelta(seconds=1))
-            return done["n"], time.monotonic() - started
-
-    jobs, seconds = await consume(QueueExecutionMode.drain)
-    out.update(drain_jobs=jobs, drain_s=seconds)
-
-    seconds = spec["throughput_s"]
-    stop = asyncio.Event()
-
-    async def produce():
-        async with await psycopg.AsyncConnection.connect(spec["conninfo"], autocommit=True) as conn:
-            queries = Queries(PsycopgDriver(conn))
-            while not stop.is_set():
-                await queries.enqueue(["bench"] * 100, [None] * 100, [0] * 100)
-                await asyncio.sleep(0)
-
-    producer = asyncio.create_task(produce())
-    jobs, elapsed = await consume(QueueExecutionMode.continuous, seconds)
-    stop.set()
-    await producer
-    out.update(throughput_jobs=jobs, throughput_s=elapsed)
-    return out
+            meter = CpuMeter(
+                {"postgres": lambda: pg_backend_pids(watch.cursor(), [spec["dbname"]], exclude=[own])},
+                children=False,
+            )
+            meter.snapshot()
+            cpu0 = self_cpu()
+            await qm.run(batch_size=batch, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1))
+            worker_cpu = self_cpu() - cpu0
+            pg = meter.delta()["postgres"]
+    return {
+        "jobs": times["n"],
+        "seconds": times["last_end"] - times["first"],
+        "worker_cpu_s": worker_cpu,
+        "postgres_cpu_s": pg,
+        "batch_size": batch,
+    }
 
 
 if __name__ == "__main__":
-    print("result " + json.dumps(asyncio.run(main(json.loads(sys.argv[1])))), flush=True)
+    sys.path.insert(0, os.getcwd())
+    print("result " + json.dumps(asyncio.run(main(sys.argv[1], json.loads(sys.argv[2])))), flush=True)

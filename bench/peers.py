@@ -1,260 +1,238 @@
-"""peers: procrastinate and pgqueuer in their own benchmark shapes, on the same PostgreSQL, same run.
+"""peers: the project and procrastinate doing the same work, measured the same way, in the same run.
 
-Each peer runs in a subprocess against a fresh database of its own next to the
-bench's (``<bench db>_procrastinate``, ``<bench db>_pgqueuer``); a peer that
-cannot be imported or fails is recorded with its error, the run goes on.
+Every system: a producer process submits jobs (the project: ``outbox.submit_many``;
+procrastinate: ``defer``), W worker processes run them (W = 1 and 2, concurrency 1
+each), on the same PostgreSQL server (the peer in a fresh database of its own).
+The project's path also has its dispatcher process (outbox -> RQ) and Redis.
 
-- procrastinate: defer N (1,000) then work until empty (drain/s); defer ->
-  start latency at 200/s (its own event table, DB clock).
-- pgqueuer: enqueue N (50k) then ``drain`` mode (drain/s); ``throughput``:
-  producer and consumer together for a fixed time.
-- productflow: our equivalents: outbox -> RQ drain of the same N as pgqueuer
-  (one dispatcher, B=500); submit -> dispatched and submit -> worker start at
-  200/s with two RQ SimpleWorkers; and procrastinate's shape end to end
-  (submit N, dispatch + one SimpleWorker until every job finished).
+- e2e: `peers_e2e_jobs` jobs submitted flat out, 100 per transaction, workers idle
+  and ready; the clock starts right before the producer's first submit (its wall
+  time) and stops at the last job recorded finished in PostgreSQL (ours:
+  ``finished_at``; procrastinate: its ``succeeded`` event). Reported per worker
+  process: jobs/s divided by W.
+- latency at 100, 200 and 400 jobs/s for `peers_latency_s` seconds each, one
+  transaction per 5 ms: commit (wall time right after the producer's commit
+  returned) -> job start. Ours: ``started_at`` (the start compare-and-set, the first
+  thing the task does, DB clock); procrastinate: the job function's first line.
+  Same host, same clock. Jobs not started within the wait are counted as missing.
+
+Variants: ``productflow`` (the project's worker, ``manage.py runworkers``),
+``productflow-simpleworker`` (RQ's SimpleWorker, what the README ran before),
+``procrastinate``. pgqueuer is in ``worker-ceiling``.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import tempfile
 
 from bench import Context, record, side_by_side
-from bench.env import PYTHON, ROOT
-from bench.load import Child, db_latencies, db_now, seed_pending, submit_paced, wait_until
+from bench.procs import Proc, one_shot
 from bench.stats import cdf_points, rate, ratio, summarize
+from bench.workers import Workers
 
 NAME = "peers"
-VARIANTS = ["productflow", "procrastinate", "pgqueuer"]
+VARIANTS = ["productflow", "productflow-simpleworker", "procrastinate"]
+KINDS = {"productflow": "pipeline", "productflow-simpleworker": "simple"}
 
 
-def _peer(module: str, spec: dict, timeout: float) -> dict:
-    proc = subprocess.run(
-        [PYTHON, "-m", module, json.dumps(spec)], cwd=str(ROOT), capture_output=True, text=True, timeout=timeout
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("result "):
-            return json.loads(line[7:])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    raise RuntimeError(f"{module} exited {proc.returncode}: {' | '.join(tail)}")
+def _wait(predicate, timeout: float, interval: float = 0.05) -> bool:
+    from bench.load import wait_until
+
+    return wait_until(predicate, timeout=timeout, interval=interval)
 
 
-def _conninfo_str(info: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in info.items())
+def _phases(ctx: Context) -> tuple[list[int], int, list[float], float]:
+    processes = [1, 2] if not ctx.quick else [1]
+    e2e = int(ctx.size("peers_e2e_jobs", 2000, 30))
+    rates = [100.0, 200.0, 400.0] if not ctx.quick else [200.0]
+    seconds = ctx.size("peers_latency_s", 3.0, 0.1)
+    return processes, e2e, rates, seconds
 
 
-def _finished(first: int, last: int) -> int:
+def _latency_metrics(metrics: dict, w: int, r: float, lat: list[float], count: int) -> None:
+    if w == 1 and r == 200:
+        metrics.setdefault("_cdf", cdf_points(lat))
+    s = summarize(lat)
+    metrics[f"w{w}_start_p50_ms_at{int(r)}"] = s["p50"]
+    metrics[f"w{w}_start_p99_ms_at{int(r)}"] = s["p99"]
+    metrics[f"w{w}_missing_at{int(r)}"] = count - len(lat)
+
+
+# --- the project ---------------------------------------------------------------
+def _ours_finished(ids: list[int]) -> int:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM dispatch_app_job WHERE id BETWEEN %s AND %s AND finished_at IS NOT NULL",
-            [first, last],
-        )
+        cursor.execute("SELECT count(*) FROM dispatch_app_job WHERE id = ANY(%s) AND finished_at IS NOT NULL", [ids])
         return cursor.fetchone()[0]
 
 
-class RQWorker:
-    """One ``manage.py rqworker`` SimpleWorker on the workflow queue (JSON serializer)."""
-
-    def __init__(self, env):
-        self.env = env
-        before = env.redis().scard("rq:workers")
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [
-                PYTHON,
-                "manage.py",
-                "rqworker",
-                "workflow",
-                "--worker-class",
-                "rq.worker.SimpleWorker",
-                "--serializer",
-                "rq.serializers.JSONSerializer",
-            ],
-            cwd=str(ROOT),
-            env=env.child_env(DISPATCH_PROVIDER_LATENCY_MS="0"),
-            # A file, not a pipe: RQ logs every job, and a full pipe would stall the worker.
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        if not wait_until(lambda: env.redis().scard("rq:workers") > before, timeout=60, interval=0.1):
-            self.log.seek(0)
-            tail = self.log.read()[-1500:].decode(errors="replace")
-            self.stop()
-            raise RuntimeError(f"rqworker did not register: {tail}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
-
-
-def _ours(ctx: Context, drain_jobs: int, e2e_jobs: int, latency_rate: float, latency_jobs: int):
-    env = ctx.env
-    metrics: dict = {}
-    series: dict = {}
-    # Drain: outbox -> RQ, pgqueuer's size.
-    env.reset()
-    seed_pending(drain_jobs, domains=["workflow"])
-    child = Child(env, {"kind": "dispatch", "listen": False, "batch": 500, "wait_go": True})
-    t0 = db_now()
-    child.go()
-    wait_until(lambda: _pending() == 0, timeout=60 + drain_jobs / 2000, interval=0.05)
-    child.stop()
-    drain_s = _last_dispatch() - t0
-    metrics.update(drain_jobs=drain_jobs, drain_s=drain_s, drain_per_s=rate(drain_jobs, drain_s))
-
-    env.reset()
-    worker = RQWorker(env)
-    try:
-        # procrastinate's shape end to end: submit N, then dispatch + one worker until all finished.
-        first, last = seed_pending(e2e_jobs, domains=["workflow"])
-        child = Child(env, {"kind": "dispatch", "listen": True, "batch": 500, "wait_go": True})
-        t0 = db_now()
-        child.go()
-        wait_until(lambda: _finished(first, last) >= e2e_jobs, timeout=60 + e2e_jobs / 50, interval=0.05)
-        e2e_s = _last_finish(first, last) - t0
-        metrics.update(e2e_jobs=e2e_jobs, e2e_s=e2e_s, e2e_per_s=rate(e2e_jobs, e2e_s))
-        # Latency at the fixed rate, dispatcher and workers idle-ready. One SimpleWorker
-        # runs ~200 of our jobs/s here, right at the arrival rate, so a second one
-        # keeps the queue from building up (RQ workers scale out; the dispatcher is one).
-        second = RQWorker(env)
-        try:
-            result = submit_paced(latency_rate, latency_jobs, domains=["workflow"])
-            ids = list(result["committed"])
-            wait_until(lambda: _finished(min(ids), max(ids)) >= len(ids), timeout=30, interval=0.05)
-            # The same below the workers' capacity: what is left is our path, not a queue.
-            low = submit_paced(latency_rate / 4, max(10, latency_jobs // 4), domains=["workflow"])
-            low_ids = list(low["committed"])
-            wait_until(lambda: _finished(min(low_ids), max(low_ids)) >= len(low_ids), timeout=30, interval=0.05)
-        finally:
-            second.stop()
-        child.stop()
-    finally:
-        worker.stop()
-    dispatched = list(db_latencies(ids, "dispatched_at").values())
-    started = list(db_latencies(ids, "started_at").values())
-    low_started = list(db_latencies(low_ids, "started_at").values())
-    for prefix, values in (
-        ("latency_dispatch", dispatched),
-        ("latency_start", started),
-        ("latency_start_quarter_rate", low_started),
-    ):
-        s = summarize(values)
-        metrics[f"{prefix}_p50_ms"], metrics[f"{prefix}_p99_ms"] = s["p50"], s["p99"]
-    series["db_cdf"] = cdf_points(started)
-    return metrics, series
-
-
-def _pending() -> int:
-    from bench.load import pending_count
-
-    return pending_count()
-
-
-def _last_dispatch() -> float:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT extract(epoch FROM max(dispatched_at)) FROM dispatch_app_dispatchenvelope")
-        return float(cursor.fetchone()[0])
-
-
-def _last_finish(first: int, last: int) -> float:
+def _ours_times(ids: list[int], column: str) -> dict[int, float]:
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT extract(epoch FROM max(finished_at)) FROM dispatch_app_job WHERE id BETWEEN %s AND %s",
-            [first, last],
+            f"SELECT id, extract(epoch FROM {column}) FROM dispatch_app_job "
+            f"WHERE id = ANY(%s) AND {column} IS NOT NULL",
+            [ids],
         )
-        return float(cursor.fetchone()[0])
+        return {row[0]: float(row[1]) for row in cursor.fetchall()}
+
+
+def _ours(ctx: Context, kind: str) -> dict:
+    from bench.load import Child
+
+    env = ctx.env
+    processes, e2e, rates, seconds = _phases(ctx)
+    metrics: dict = {}
+    for w in processes:
+        env.reset()
+        child = Child(env, {"kind": "dispatch", "listen": True})
+        try:
+            with Workers(env, kind, ["delivery"], w):
+                producer = Proc(["bench.producer", json.dumps({"domain": "delivery"})], env.child_env())
+                try:
+                    out = producer.run(60 + e2e / 20, count=e2e, rate=0, group=100)
+                    ids = [int(k) for k in out["committed"]]
+                    _wait(lambda ids=ids: _ours_finished(ids) >= len(ids), 60 + e2e / 20)
+                    finished = _ours_times(ids, "finished_at")
+                    if len(finished) == len(ids):
+                        e2e_rate = rate(len(ids), max(finished.values()) - out["t0"])
+                        metrics[f"w{w}_e2e_per_s"] = e2e_rate
+                        metrics[f"w{w}_e2e_per_process_per_s"] = e2e_rate / w if e2e_rate else None
+                    for r in rates:
+                        count = max(5, int(r * seconds))
+                        out = producer.run(60 + count / 20, count=count, rate=r)
+                        committed = {int(k): v for k, v in out["committed"].items()}
+                        ids = list(committed)
+                        _wait(lambda ids=ids: _ours_finished(ids) >= len(ids), 30 + count / 20)
+                        started = _ours_times(ids, "started_at")
+                        lat = [(started[i] - committed[i]) * 1000 for i in ids if i in started]
+                        _latency_metrics(metrics, w, r, lat, count)
+                finally:
+                    producer.stop()
+        finally:
+            child.stop()
+    return metrics
+
+
+# --- procrastinate ----------------------------------------------------------------
+def _procrastinate(ctx: Context) -> dict:
+    env = ctx.env
+    processes, e2e, rates, seconds = _phases(ctx)
+    url, info = env.side_database("procrastinate")
+    metrics: dict = {}
+    try:
+        import psycopg
+
+        spec = json.dumps({"conninfo": " ".join(f"{k}={v}" for k, v in info.items()), "dbname": info["dbname"]})
+        penv = env.child_env()
+        one_shot(["bench.peer_procrastinate", "setup", spec], penv, timeout=120)
+        offset = 0
+        with psycopg.connect(autocommit=True, **info) as conn:
+
+            def succeeded(first: int, last: int) -> dict[int, float]:
+                rows = conn.execute(
+                    "SELECT (j.args->>'i')::int, extract(epoch FROM e.at) FROM procrastinate_jobs j "
+                    "JOIN procrastinate_events e ON e.job_id = j.id AND e.type = 'succeeded' "
+                    "WHERE (j.args->>'i')::int BETWEEN %s AND %s",
+                    [first, last],
+                ).fetchall()
+                return {r[0]: float(r[1]) for r in rows}
+
+            def done(first: int, last: int) -> int:
+                return conn.execute(
+                    "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' "
+                    "AND (args->>'i')::int BETWEEN %s AND %s",
+                    [first, last],
+                ).fetchone()[0]
+
+            for w in processes:
+                workers = [Proc(["bench.peer_procrastinate", "worker", spec], penv) for _ in range(w)]
+                phases = []
+                try:
+                    producer = Proc(["bench.peer_procrastinate", "producer", spec], penv)
+                    try:
+                        out = producer.run(60 + e2e / 20, count=e2e, rate=0, group=100, offset=offset)
+                        first, last = offset, offset + e2e - 1
+                        offset += e2e
+                        _wait(lambda f=first, la=last: done(f, la) >= e2e, 60 + e2e / 20)
+                        finished = succeeded(first, last)
+                        if len(finished) == e2e:
+                            e2e_rate = rate(e2e, max(finished.values()) - out["t0"])
+                            metrics[f"w{w}_e2e_per_s"] = e2e_rate
+                            metrics[f"w{w}_e2e_per_process_per_s"] = e2e_rate / w if e2e_rate else None
+                        for r in rates:
+                            count = max(5, int(r * seconds))
+                            out = producer.run(60 + count / 20, count=count, rate=r, offset=offset)
+                            first, last = offset, offset + count - 1
+                            offset += count
+                            _wait(lambda f=first, la=last, c=count: done(f, la) >= c, 30 + count / 20)
+                            phases.append((r, count, {int(k): v for k, v in out["committed"].items()}))
+                    finally:
+                        producer.stop()
+                finally:
+                    starts: dict[int, float] = {}
+                    for proc in workers:
+                        res = proc.stop(expect_result=True) or {}
+                        starts.update({int(k): v for k, v in res.get("starts", {}).items()})
+                for r, count, committed in phases:
+                    lat = [(starts[i] - t) * 1000 for i, t in committed.items() if i in starts]
+                    _latency_metrics(metrics, w, r, lat, count)
+    finally:
+        env.drop_side_database(url)
+    return metrics
 
 
 def run(ctx: Context) -> list[dict]:
-    env = ctx.env
-    procrastinate_jobs = int(ctx.size("peers_procrastinate_jobs", 1000, 50))
-    pgqueuer_jobs = int(ctx.size("peers_pgqueuer_jobs", 50_000, 500))
-    latency_rate = ctx.size("peers_latency_rate", 200.0, 200.0)
-    latency_jobs = int(ctx.size("peers_latency_jobs", 1000, 40))
-    throughput_s = ctx.size("peers_throughput_s", 3.0, 0.5)
+    processes, e2e, rates, seconds = _phases(ctx)
 
     def run_one(variant: str, index: int):
-        if variant == "productflow":
-            return _ours(ctx, pgqueuer_jobs, procrastinate_jobs, latency_rate, latency_jobs)
-        url, info = env.side_database(variant)
-        try:
-            if variant == "procrastinate":
-                res = _peer(
-                    "bench.peer_procrastinate",
-                    {
-                        "conninfo": _conninfo_str(info),
-                        "drain_jobs": procrastinate_jobs,
-                        "latency_rate": latency_rate,
-                        "latency_jobs": latency_jobs,
-                    },
-                    timeout=300,
-                )
-                lat = summarize(res["latency_ms"])
-                metrics = {
-                    "drain_jobs": res["drain_jobs"],
-                    "drain_s": res["drain_s"],
-                    "drain_per_s": rate(res["drain_jobs"], res["drain_s"]),
-                    "latency_start_p50_ms": lat["p50"],
-                    "latency_start_p99_ms": lat["p99"],
-                    "latency_jobs": lat["n"],
-                }
-                return metrics, {"db_cdf": cdf_points(res["latency_ms"])}
-            res = _peer(
-                "bench.peer_pgqueuer",
-                {
-                    "conninfo": _conninfo_str(info),
-                    "drain_jobs": pgqueuer_jobs,
-                    "throughput_s": throughput_s,
-                },
-                timeout=600,
-            )
-            metrics = {
-                "drain_jobs": res["drain_jobs"],
-                "drain_s": res["drain_s"],
-                "drain_per_s": rate(res["drain_jobs"], res["drain_s"]),
-                "throughput_per_s": rate(res["throughput_jobs"], res["throughput_s"]),
-            }
-            return metrics, {}
-        finally:
-            env.drop_side_database(url)
+        metrics = _procrastinate(ctx) if variant == "procrastinate" else _ours(ctx, KINDS[variant])
+        cdf = metrics.pop("_cdf", [])
+        return metrics, {"db_cdf": cdf} if cdf else {}
 
     out = side_by_side(ctx, NAME, VARIANTS, run_one)
+    common = {
+        "worker_processes": processes,
+        "e2e": f"{e2e} jobs, 100 per transaction, flat out; first submit -> last finish recorded",
+        "latency": f"{', '.join(f'{r:g}' for r in rates)} jobs/s for {seconds:g} s each, one transaction per 5 ms; "
+        "commit returned -> job start",
+        "task": "the project: the delivery task (start compare-and-set, provider call with 0 ms latency, finish); "
+        "procrastinate: an async no-op",
+    }
     params = {
-        "productflow": {
-            "drain": f"{pgqueuer_jobs} envelopes outbox -> RQ, 1 dispatcher, B=500",
-            "e2e": f"{procrastinate_jobs} jobs submit -> finished, 1 RQ SimpleWorker",
-            "latency": f"{latency_jobs} at {latency_rate}/s",
-        },
-        "procrastinate": {
-            "drain": f"defer {procrastinate_jobs}, then 1 worker (concurrency 1) until empty",
-            "latency": f"{latency_jobs} at {latency_rate}/s, defer -> started",
-        },
-        "pgqueuer": {
-            "drain": f"{pgqueuer_jobs} jobs, QueueManager drain mode, dequeue batch 100",
-            "throughput": f"producer + consumer for {throughput_s} s",
-        },
+        "productflow": dict(
+            common,
+            workers="manage.py runworkers --processes W (PipelineWorker), 1 job at a time per process",
+            durability="job state in PostgreSQL (start and finish committed), RQ job hashes in Redis (no persistence)",
+            dispatcher="one rundispatcher process (LISTEN/NOTIFY, defaults)",
+        ),
+        "productflow-simpleworker": dict(
+            common,
+            workers="W x manage.py rqworker --worker-class rq.worker.SimpleWorker (JSON serializer), 1 job at a time",
+            durability="as productflow",
+            dispatcher="one rundispatcher process (LISTEN/NOTIFY, defaults)",
+        ),
+        "procrastinate": dict(
+            common,
+            workers="W processes, each one procrastinate worker, concurrency 1, LISTEN/NOTIFY, polling 5 s",
+            durability="job state in PostgreSQL, each status change committed",
+        ),
     }
     records = [
         record(NAME, v, params[v], out["runs"][v], out["series"][v], error=out["errors"].get(v)) for v in VARIANTS
     ]
-    ours = records[0]["metrics"]
-    for rec in records[1:]:
-        ours[f"drain_x_{rec['variant']}"] = ratio(ours.get("drain_per_s"), rec["metrics"].get("drain_per_s"))
-    ours["drain_x_peer"] = min((v for k, v in ours.items() if k.startswith("drain_x_") and v), default=None)
-    ours["latency_start_p50_x_procrastinate"] = ratio(
-        ours.get("latency_start_p50_ms"), records[1]["metrics"].get("latency_start_p50_ms")
-    )
+    peer = records[VARIANTS.index("procrastinate")]["metrics"]
+    for rec in records[:2]:
+        m = rec["metrics"]
+        if not m:
+            continue
+        for w in processes:
+            key = f"w{w}_e2e_per_process_per_s"
+            m[f"w{w}_e2e_x_procrastinate"] = ratio(m.get(key), peer.get(key))
+            for r in rates:
+                for p in ("p50", "p99"):
+                    key = f"w{w}_start_{p}_ms_at{int(r)}"
+                    m[f"w{w}_start_{p}_x_procrastinate_at{int(r)}"] = ratio(m.get(key), peer.get(key))
     return records

@@ -15,13 +15,31 @@ HEADLINES: dict[str, list[str]] = {
     "send-admission": ["largest_batch", "peak_threads", "peak_rss_mb", "peak_vms_mb", "seconds"],
     "index": ["envelopes_per_s", "claim_p50_ms", "claim_p99_ms", "plan_ms", "index_mb", "x_partial"],
     "peers": [
-        "drain_per_s",
-        "e2e_per_s",
-        "latency_start_p50_ms",
-        "latency_start_p99_ms",
-        "latency_dispatch_p50_ms",
-        "latency_start_quarter_rate_p50_ms",
-        "drain_x_peer",
+        "w1_e2e_per_process_per_s",
+        "w2_e2e_per_process_per_s",
+        "w1_e2e_x_procrastinate",
+        "w1_start_p50_ms_at200",
+        "w1_start_p99_ms_at200",
+        "w1_start_p50_x_procrastinate_at200",
+        "w1_start_p99_x_procrastinate_at200",
+    ],
+    "worker-ceiling": [
+        "rate_per_s",
+        "x_rq_simpleworker",
+        "x_procrastinate",
+        "cpu_worker_ms_per_job",
+        "cpu_total_ms_per_job",
+        "redis_cmds_per_job",
+    ],
+    "pipeline-cpu": [
+        "cpu_total_ms_per_job",
+        "cpu_producer_ms_per_job",
+        "cpu_dispatcher_ms_per_job",
+        "cpu_worker_ms_per_job",
+        "cpu_postgres_ms_per_job",
+        "cpu_redis_ms_per_job",
+        "cpu_x_procrastinate",
+        "cpu_x_two_inserts",
     ],
 }
 
@@ -80,6 +98,35 @@ def markdown_table(records: list[dict], scenario: str) -> str:
     return "\n".join(out)
 
 
+def peers_detail(records: list[dict]) -> str:
+    """peers, one row per variant and worker-process count: e2e per process, commit -> start at each rate."""
+    rows = [r for r in records if r["scenario"] == "peers" and r["metrics"]]
+    keys = sorted({k for r in rows for k in r["metrics"]})
+    counts = sorted({int(k[1 : k.index("_")]) for k in keys if k.startswith("w") and "_" in k})
+    rates = sorted({int(k.rsplit("_at", 1)[1]) for k in keys if "_ms_at" in k})
+    head = ["variant", "W", "e2e jobs/s per process", "x procrastinate"]
+    for r in rates:
+        head += [f"p50 @{r}/s ms", "x", f"p99 @{r}/s ms", "x"]
+    out = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
+    for rec in rows:
+        m = rec["metrics"]
+        for w in counts:
+            cells = [
+                rec["variant"],
+                str(w),
+                fmt(m.get(f"w{w}_e2e_per_process_per_s")),
+                fmt(m.get(f"w{w}_e2e_x_procrastinate")),
+            ]
+            for r in rates:
+                for p in ("p50", "p99"):
+                    cells += [
+                        fmt(m.get(f"w{w}_start_{p}_ms_at{r}")),
+                        fmt(m.get(f"w{w}_start_{p}_x_procrastinate_at{r}")),
+                    ]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def write_markdown(records: list[dict], out: Path, header: dict) -> Path:
     """results.md: every scenario's headline table, for docs/benchmarks.md."""
     machine = header.get("machine", {})
@@ -93,6 +140,8 @@ def write_markdown(records: list[dict], out: Path, header: dict) -> Path:
     ]
     for scenario in dict.fromkeys(r["scenario"] for r in records):
         lines += ["", f"### {scenario}", "", markdown_table(records, scenario)]
+        if scenario == "peers":
+            lines += ["", peers_detail(records)]
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -61,3 +61,37 @@ def test_tick_wait_prediction():
     assert stats.batches_for(101, 100) == 2
     assert stats.predicted_tick_wait(stats.batches_for(100_000, 500), 1.0) == 199.0
     assert stats.predicted_tick_wait(1, 1.0) == 0
+
+
+def test_per_job_ms_splits_and_totals():
+    from bench.cpu import per_job_ms
+
+    out = per_job_ms({"worker": 2.0, "postgres": 1.0}, 1000)
+    assert out == {"worker": pytest.approx(2.0), "postgres": pytest.approx(1.0), "total": pytest.approx(3.0)}
+    assert per_job_ms({"worker": 2.0}, 0) == {"worker": None, "total": None}
+
+
+def test_cpu_meter_counts_new_pids_from_zero_and_never_negative():
+    from bench import cpu
+
+    readings = iter([{1: 5.0, 2: 1.0}, {1: 5.5, 2: 0.5, 3: 0.25}])
+    meter = cpu.CpuMeter({"c": lambda: [1, 2, 3]})
+    meter._read = lambda: {"c": next(readings)}
+    meter.snapshot()
+    # pid 1 grew 0.5 s; pid 2 went backwards (a reused pid): 0; pid 3 is new: all of it.
+    assert meter.delta() == {"c": pytest.approx(0.75)}
+
+
+def test_process_cpu_of_this_process_grows_and_a_gone_pid_is_zero():
+    import os
+    import time
+
+    from bench.cpu import process_cpu
+
+    before = process_cpu(os.getpid(), children=False)
+    # /proc counts in clock ticks (10 ms): burn well past one.
+    until = time.process_time() + 0.05
+    while time.process_time() < until:
+        pass
+    assert process_cpu(os.getpid(), children=False) > before
+    assert process_cpu(2**22 + 12345) == 0.0
