@@ -7,7 +7,6 @@ import dispatch_app.dbtime
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("dispatch_app", "0006_job_attempts"),
     ]

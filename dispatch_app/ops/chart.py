@@ -48,3 +48,69 @@ def throughput_svg(series: list[dict], *, width: int = 600, height: int = 140) -
 
 def _fmt(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def domain_charts_svg(series: list[dict], domain: str, *, width: int = 320, height: int = 64) -> str:
+    """Two small panels for one domain over the series' minutes: counts (dispatched bars, finished line,
+    failed bars in red) and waits (p95 outbox and p95 RQ queue per dispatch minute)."""
+    return mark_safe(  # noqa: S308 - numbers and escaped text only
+        _panel(
+            series,
+            f"{domain}: dispatched (bars), finished (line), failed (red) per minute",
+            bars=[("dispatched", "#417690")],
+            overlay_bars=[("failed", "#ba2121")],
+            lines=[("finished", "#2a2")],
+            width=width,
+            height=height,
+            unit="",
+        )
+        + _panel(
+            series,
+            f"{domain}: p95 outbox wait (orange) and p95 RQ-queue wait (purple) per minute",
+            lines=[("outbox_p95", "#d80"), ("rq_p95", "#739")],
+            width=width,
+            height=height,
+            unit="s",
+        )
+    )
+
+
+def _panel(series, label, *, bars=(), overlay_bars=(), lines=(), width, height, unit) -> str:
+    pad_left, pad_right, pad_y = 34, 4, 6
+    plot_w, plot_h = width - pad_left - pad_right, height - 2 * pad_y
+    n = max(len(series), 1)
+    step = plot_w / n
+    keys = [k for k, _ in (*bars, *overlay_bars, *lines)]
+    values = [p[k] for p in series for k in keys if p.get(k) is not None]
+    top = max(values + [0]) or 1
+    base = pad_y + plot_h
+    top_label = _fmt(top) if unit == "s" else str(round(top))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="pf-chart pf-mini" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}"><title>{escape(label)}</title>',
+        f'<text x="1" y="{pad_y + 8}" font-size="9" fill="#555">{escape(top_label)}</text>',
+        f'<text x="1" y="{base}" font-size="9" fill="#555">0</text>',
+        f'<line x1="{pad_left}" y1="{base}" x2="{pad_left + plot_w}" y2="{base}" stroke="#bbb" stroke-width="1"/>',
+    ]
+    for key, color in (*bars, *overlay_bars):
+        for i, p in enumerate(series):
+            v = p.get(key) or 0
+            if v:
+                h = max(plot_h * v / top, 1)
+                parts.append(
+                    f'<rect x="{pad_left + i * step:.1f}" y="{base - h:.1f}" width="{max(step - 0.5, 0.5):.1f}" '
+                    f'height="{h:.1f}" fill="{color}"><title>{p["minutes_ago"]} min ago: {v} {key}</title></rect>'
+                )
+    for key, color in lines:
+        points = [
+            f"{pad_left + i * step + step / 2:.1f},{base - plot_h * p[key] / top:.1f}"
+            for i, p in enumerate(series)
+            if p.get(key) is not None
+        ]
+        if len(points) == 1:
+            x, y = points[0].split(",")
+            parts.append(f'<circle cx="{x}" cy="{y}" r="1.5" fill="{color}"/>')
+        elif points:
+            parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{color}" stroke-width="1.2"/>')
+    parts.append("</svg>")
+    return "".join(parts)

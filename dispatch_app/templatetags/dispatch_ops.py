@@ -1,4 +1,7 @@
-"""Small filters for the dispatch dashboard."""
+"""Small filters for the dispatch dashboard. One time format everywhere: durations by ``format_duration``
+("850 ms", "12.3 s", "4.5 min", "2.0 h"), ages as "<duration> ago", instants as "YYYY-MM-DD HH:MM:SS UTC"."""
+
+from datetime import UTC, datetime
 
 from django import template
 
@@ -18,8 +21,39 @@ def seconds(value):
 
 
 @register.filter
+def ago(value):
+    return "never" if value is None else f"{format_duration(value)} ago"
+
+
+@register.filter
+def utc(value):
+    """An instant (datetime or ISO string) in UTC, to the second."""
+    if not value:
+        return "–"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@register.filter
 def percent(value):
     return "–" if value is None else f"{value * 100:.0f}%"
+
+
+@register.filter
+def usage(value):
+    """A 0..1 fraction as a percentage that stays readable when tiny (NOTIFY queue usage)."""
+    if value is None:
+        return "–"
+    pct = float(value) * 100
+    if pct == 0:
+        return "0%"
+    return "< 0.01%" if pct < 0.01 else f"{pct:.2f}%"
 
 
 @register.filter
@@ -27,3 +61,12 @@ def pcts(latency):
     if not latency or not latency.get("count"):
         return "–"
     return " / ".join(format_duration(latency[k]) for k in ("p50", "p95", "p99")) + f" (n={latency['count']})"
+
+
+@register.filter
+def rq_job(rq_id):
+    """The job id of an RQ id ``pf-<job>-<attempt>``, or None."""
+    from dispatch_app.ops.rqside import parse_rq_id
+
+    parsed = parse_rq_id(rq_id or "")
+    return parsed[0] if parsed else None

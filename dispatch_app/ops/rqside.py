@@ -1,0 +1,275 @@
+"""The RQ side, read live: what sits in each Redis queue, who serves it, and whether the worker of a job lives.
+
+PostgreSQL says a job is ``queued`` or ``running``; only Redis says whether a
+worker listens on its queue and whether the worker running it is still there.
+Everything here is read-only against Redis (a few pipelined reads per page,
+bounded by a short socket timeout) and joins Redis to PostgreSQL by the RQ job
+id, ``pf-<job>-<attempt>`` (dispatch.publisher.rq_job_id).
+
+Ages are on the database clock: the oldest job waiting in a queue is aged from
+its envelope's ``dispatched_at``; only a worker's last heartbeat is a
+timestamp written by the worker's host (RQ writes it), and is labelled so.
+
+Worker liveness: RQ keeps a worker's hash (``rq:worker:<name>``) alive with a
+TTL it renews on every heartbeat, so a worker killed with SIGKILL disappears
+only when that TTL runs out (up to ``worker_ttl + 60`` s when idle,
+``job_monitoring_interval + 60`` s mid-job). A worker on the host that serves
+this page is also checked by its pid, so a killed local worker shows dead at
+once. A worker hash marked with ``death`` or gone is dead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from dispatch_app.domains import REGISTRY
+
+REDIS_TIMEOUT = 2.0
+WORKER_PREFIX = "rq:worker:"
+RQ_ID = re.compile(r"^pf-(\d+)-(\d+)$")
+# RQ counts a job "failed" only when the task raised (or could not be loaded or deserialized): our business
+# failures return normally. A worker with this many such failures and no success is failing every job.
+FAILING_AFTER = 3
+
+
+@cache
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
+
+
+def redis_conn() -> redis.Redis:
+    return _redis(settings.REDIS_URL)
+
+
+def queue_key(queue: str) -> str:
+    return f"rq:queue:{queue}"
+
+
+def parse_rq_id(rq_id: str) -> tuple[int, int] | None:
+    m = RQ_ID.match(rq_id)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _utc(value: str) -> datetime | None:
+    """RQ's timestamps (``utcformat``): ISO 8601 in UTC, with or without a trailing Z."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    queues: list[str]
+    state: str
+    hostname: str
+    pid: int | None
+    alive: bool
+    dead_reason: str
+    last_heartbeat: datetime | None  # the worker host's clock (RQ writes it)
+    current_job: str
+    successful: int
+    failed: int
+
+    @property
+    def failing_every_job(self) -> bool:
+        return self.alive and self.failed >= FAILING_AFTER and self.successful == 0
+
+
+def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
+    pid = int(data["pid"]) if data.get("pid", "").isdigit() else None
+    host = data.get("hostname", "")
+    alive, reason = True, ""
+    if not data:
+        alive, reason = False, "its RQ hash is gone (TTL ran out without a heartbeat, or it was cleaned up)"
+    elif data.get("death"):
+        alive, reason = False, "it registered its death (stopped)"
+    elif host == local_host and pid is not None and not _pid_alive(pid):
+        alive, reason = False, f"pid {pid} no longer exists on {host}"
+    return WorkerInfo(
+        name=name,
+        queues=[q for q in data.get("queues", "").split(",") if q],
+        state=data.get("state", "?"),
+        hostname=host,
+        pid=pid,
+        alive=alive,
+        dead_reason=reason,
+        last_heartbeat=_utc(data.get("last_heartbeat", "")),
+        current_job=data.get("current_job", ""),
+        successful=int(data.get("successful_job_count") or 0),
+        failed=int(data.get("failed_job_count") or 0),
+    )
+
+
+def read_workers(conn: redis.Redis, names) -> dict[str, WorkerInfo]:
+    """Each named worker's hash, in one pipeline, judged alive or dead."""
+    names = sorted(set(names))
+    with conn.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hgetall(WORKER_PREFIX + name)
+        raw = pipe.execute()
+    local = socket.gethostname()
+    return {
+        name: _judge(name, {_text(k): _text(v) for k, v in data.items()}, local)
+        for name, data in zip(names, raw, strict=True)
+    }
+
+
+@dataclass
+class QueueInfo:
+    queue: str
+    domains: list[str]
+    depth: int
+    workers: list[str] = field(default_factory=list)  # registered on this queue (live or not)
+    live_workers: int = 0
+    head: str = ""  # the RQ id a worker takes next
+    oldest_wait: float | None = None  # seconds since the head job was dispatched (database clock)
+
+
+def _head_ages(rq_ids: list[str]) -> dict[str, float]:
+    """Seconds since each head job's envelope was dispatched, on the database clock."""
+    pairs = [p for p in (parse_rq_id(i) for i in rq_ids) if p]
+    if not pairs:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.job_id, e.attempt, extract(epoch FROM clock_timestamp() - e.dispatched_at)::float8 "
+            "FROM dispatch_app_dispatchenvelope e "
+            "JOIN unnest(%s::bigint[], %s::int[]) AS h(job_id, attempt) USING (job_id, attempt) "
+            "WHERE e.dispatched_at IS NOT NULL",
+            [[p[0] for p in pairs], [p[1] for p in pairs]],
+        )
+        return {f"pf-{j}-{a}": age for j, a, age in cursor.fetchall()}
+
+
+def snapshot(conn: redis.Redis | None = None) -> dict:
+    """Per queue: depth, registered and live workers, the head job and its wait; plus every worker seen.
+
+    Never raises for Redis trouble: ``error`` says what failed and the rest is empty.
+    """
+    conn = conn or redis_conn()
+    queues: dict[str, QueueInfo] = {}
+    for domain in REGISTRY.values():
+        queues.setdefault(domain.queue, QueueInfo(domain.queue, [], 0)).domains.append(domain.key)
+    try:
+        with conn.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.llen(queue_key(q))
+                pipe.lindex(queue_key(q), 0)
+                pipe.smembers(f"rq:workers:{q}")
+            raw = pipe.execute()
+        names: set[str] = set()
+        for i, info in enumerate(queues.values()):
+            depth, head, members = raw[3 * i : 3 * i + 3]
+            info.depth, info.head = int(depth), _text(head)
+            info.workers = sorted(_text(m).removeprefix(WORKER_PREFIX) for m in members)
+            names.update(info.workers)
+        workers = read_workers(conn, names)
+    except redis.RedisError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "queues": {}, "workers": [], "domains": {}}
+    ages = _head_ages([q.head for q in queues.values() if q.head])
+    for info in queues.values():
+        info.live_workers = sum(1 for w in info.workers if workers[w].alive)
+        info.oldest_wait = ages.get(info.head)
+    domains = {}
+    for info in queues.values():
+        for domain in info.domains:
+            domains[domain] = {
+                "queue": info.queue,
+                "depth": info.depth,
+                "live_workers": info.live_workers,
+                "workers": len(info.workers),
+                "oldest_wait": info.oldest_wait,
+            }
+    return {
+        "error": "",
+        "queues": {q: asdict(info) for q, info in queues.items()},
+        "workers": [_worker_dict(w) for w in workers.values()],
+        "domains": domains,
+    }
+
+
+def _worker_dict(w: WorkerInfo) -> dict:
+    data = asdict(w)
+    data["last_heartbeat"] = w.last_heartbeat.isoformat() if w.last_heartbeat else None
+    data["failing_every_job"] = w.failing_every_job
+    return data
+
+
+@dataclass
+class JobRQState:
+    """What Redis says about one attempt of a job."""
+
+    rq_id: str
+    queue: str
+    in_redis: bool
+    rq_status: str = ""
+    position: int | None = None  # 1 = next to be taken
+    depth: int | None = None
+    live_workers: int | None = None  # live workers listening on its queue
+    worker: str = ""
+    worker_alive: bool | None = None
+    worker_dead_reason: str = ""
+    last_heartbeat: datetime | None = None  # the job's last heartbeat from its worker (worker host's clock)
+    error: str = ""
+
+
+def job_state(job_id: int, attempt: int, queue: str, conn: redis.Redis | None = None) -> JobRQState:
+    """The RQ side of one attempt: its place in the queue, or the worker running it and whether it lives."""
+    conn = conn or redis_conn()
+    rq_id = f"pf-{job_id}-{attempt}"
+    state = JobRQState(rq_id=rq_id, queue=queue, in_redis=False)
+    try:
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.hmget(f"rq:job:{rq_id}", "status", "worker_name", "last_heartbeat")
+            pipe.lpos(queue_key(queue), rq_id)
+            pipe.llen(queue_key(queue))
+            pipe.smembers(f"rq:workers:{queue}")
+            (status, worker, heartbeat), position, depth, members = pipe.execute()
+        state.in_redis = status is not None
+        state.rq_status, state.worker = _text(status), _text(worker)
+        state.last_heartbeat = _utc(_text(heartbeat))
+        state.position = None if position is None else int(position) + 1
+        state.depth = int(depth)
+        names = [_text(m).removeprefix(WORKER_PREFIX) for m in members]
+        workers = read_workers(conn, [*names, *([state.worker] if state.worker else [])])
+        state.live_workers = sum(1 for n in names if workers[n].alive)
+        if state.worker:
+            info = workers[state.worker]
+            state.worker_alive, state.worker_dead_reason = info.alive, info.dead_reason
+            if (
+                not info.alive
+                and info.last_heartbeat
+                and (state.last_heartbeat is None or info.last_heartbeat > state.last_heartbeat)
+            ):
+                state.last_heartbeat = info.last_heartbeat
+    except redis.RedisError as exc:
+        state.error = f"{type(exc).__name__}: {exc}"
+    return state
