@@ -58,6 +58,21 @@ class WorkContext:
                 [request_id, self.job_id, self.attempt],
             )
 
+    def call_vendor(self, purpose: str, call, *, verifiable: bool):
+        """Make one vendor call through the ledger (``dispatch_app.vendor_calls``): ``call(request_id)``.
+
+        Recorded (committed) before it is made and settled after; in a retry, a
+        call that already took effect returns its recorded result instead of
+        being made again. ``verifiable``: the vendor keeps a record of the
+        request id that ``Provider.request_status`` can ask about.
+        """
+        from dispatch_app.vendor_calls import Ledger
+
+        ledger = getattr(self, "_ledger", None)
+        if ledger is None:
+            ledger = self._ledger = Ledger(self.job_id, self.attempt, self.provider)
+        return ledger.call(purpose, call, verifiable=verifiable)
+
 
 def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
     """Record the outcome; one retry on a fresh connection if the old one died during the work.
@@ -193,9 +208,32 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
 
 
 def _provider_failed(domain, job_id: int, attempt: int, exc: ProviderError) -> dict:
-    """A known vendor failure: retry through the outbox while attempts remain."""
+    """A known vendor failure: retry through the outbox while attempts remain.
+
+    The retry resumes from the failing call (the vendor-call ledger). A call in
+    doubt is no failure: nothing is retried; a vendor that can be asked leaves
+    the job to recovery (which asks, within VENDOR_EVIDENCE_TRUST_SECONDS), any
+    other is outcome_unknown at once.
+    """
     from dispatch_app.outbox import redispatch
     from dispatch_app.recovery.policy import resolve
+    from dispatch_app.vendor_calls import VendorCallInDoubt
+
+    if isinstance(exc, VendorCallInDoubt):
+        policy = resolve(domain.key, dispatch_settings().RECOVERY)
+        verifiable = bool(exc.call.request_id) and policy.uses_vendor_request_id
+        if not verifiable:
+            reason = f"{exc}; it may have taken effect and this vendor cannot be asked"
+            _finish(job_id, attempt, "outcome_unknown", error=reason)
+            return {"outcome_unknown": reason}
+        JobEvent.objects.create(
+            job_id=job_id,
+            attempt=attempt,
+            kind="vendor_call_in_doubt",
+            reason=f"{exc}; left running for recovery to ask the vendor",
+            data={"call": exc.call.as_dict()},
+        )
+        return {"in_doubt": str(exc)}
 
     conf = dispatch_settings()
     # The same attempt budget recovery uses, settings overrides included.

@@ -4,10 +4,18 @@ from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
 
 
 def work(ctx) -> dict:
-    steps = [
-        ctx.provider.run_step(f"agent-step-{i}", {"goal": ctx.payload["goal"]})
-        for i in range(ctx.payload.get("max_steps", 1))
-    ]
+    steps = []
+    for i in range(ctx.payload.get("max_steps", 1)):
+        name = f"agent-step-{i}"
+        # Through the ledger: a retry re-runs only from the step that failed. The tools keep no
+        # record the vendor could be asked about, so a step in doubt stays in doubt (outcome_unknown).
+        steps.append(
+            ctx.call_vendor(
+                name,
+                lambda request_id, name=name: ctx.provider.run_step(name, {"goal": ctx.payload["goal"]}, request_id),
+                verifiable=False,
+            )
+        )
     return {"steps": len(steps)}
 
 
@@ -26,6 +34,6 @@ DOMAIN = Domain(
     },
     task_path="dispatch_app.domains.agent.task",
     work=work,
-    recovery=RecoveryPolicy(retry_safe=False, running_stale_seconds=3600),
+    recovery=RecoveryPolicy(retry_safe=False, running_stale_seconds=3600, records_vendor_calls=True),
     description="agent runs with unverifiable tool side effects",
 )

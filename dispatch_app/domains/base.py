@@ -69,6 +69,12 @@ class RecoveryPolicy:
     batch_size: int = 25
     period_seconds: float = 30.0
     jitter_seconds: float = 5.0
+    # How long a vendor's "pending" (or no answer at all) about a call in doubt is believed, from when
+    # the call was recorded (database clock); past it the job is outcome_unknown, never waited on forever.
+    vendor_evidence_trust_seconds: float = 600.0
+    # The work makes every side effect through ctx.call_vendor (dispatch_app.vendor_calls): recovery
+    # reasons over that ledger, and a job with no call in doubt can resume safely. Code, not a setting.
+    records_vendor_calls: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,19 @@ from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
 
 def work(ctx) -> dict:
     payload = ctx.payload
+    count = payload.get("count", 1)
     outputs = []
-    for index in range(payload.get("count", 1)):
-        request_id = ctx.provider.new_request_id()
-        # Recorded (committed) before the call, so recovery can ask the vendor later.
-        ctx.record_vendor_request(request_id)
-        path = ctx.provider.generate_image(
-            request_id, payload["prompt"], payload.get("size", 64), ctx.job_id * 31 + index
-        )
-        outputs.append(str(path))
+    for index in range(count):
+
+        def generate(request_id: str, index: int = index) -> dict:
+            path = ctx.provider.generate_image(
+                request_id, payload["prompt"], payload.get("size", 64), ctx.job_id * 31 + index
+            )
+            return {"image": str(path), "request_id": request_id}
+
+        # Through the ledger: a retry after image k failed reuses images 1..k-1 instead of billing them again.
+        made = ctx.call_vendor(f"image {index + 1} of {count}", generate, verifiable=True)
+        outputs.append(made.get("image") or f"vendor request {made['request_id']}")
     return {"images": outputs}
 
 
@@ -34,6 +38,8 @@ DOMAIN = Domain(
     },
     task_path="dispatch_app.domains.image_series.task",
     work=work,
-    recovery=RecoveryPolicy(retry_safe=False, uses_vendor_request_id=True, running_stale_seconds=1800),
+    recovery=RecoveryPolicy(
+        retry_safe=False, uses_vendor_request_id=True, running_stale_seconds=1800, records_vendor_calls=True
+    ),
     description="product-image generation through the image vendor",
 )

@@ -4,10 +4,14 @@ from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
 
 
 def work(ctx) -> dict:
-    request_id = ctx.provider.new_request_id()
-    ctx.record_vendor_request(request_id)
-    path = ctx.provider.edit_image(request_id, ctx.payload["image"], ctx.payload["region"], ctx.payload["instruction"])
-    return {"image": str(path)}
+    payload = ctx.payload
+
+    def edit(request_id: str) -> dict:
+        path = ctx.provider.edit_image(request_id, payload["image"], payload["region"], payload["instruction"])
+        return {"image": str(path), "request_id": request_id}
+
+    made = ctx.call_vendor("edit", edit, verifiable=True)
+    return {"image": made.get("image") or f"vendor request {made['request_id']}"}
 
 
 def task(job_id: int, attempt: int):
@@ -26,6 +30,6 @@ DOMAIN = Domain(
     },
     task_path="dispatch_app.domains.partial_edit.task",
     work=work,
-    recovery=RecoveryPolicy(retry_safe=False, uses_vendor_request_id=True),
+    recovery=RecoveryPolicy(retry_safe=False, uses_vendor_request_id=True, records_vendor_calls=True),
     description="region edits of an existing image through the image vendor",
 )

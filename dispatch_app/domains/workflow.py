@@ -4,9 +4,18 @@ from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
 
 
 def work(ctx) -> dict:
-    results = [
-        ctx.provider.run_step(step, {"workflow_id": ctx.payload["workflow_id"]}) for step in ctx.payload["steps"]
-    ]
+    results = []
+    for index, step in enumerate(ctx.payload["steps"]):
+        # Idempotent steps, so this is for speed, not safety: a retry skips the steps already done.
+        results.append(
+            ctx.call_vendor(
+                f"step {index}: {step}",
+                lambda request_id, step=step: ctx.provider.run_step(
+                    step, {"workflow_id": ctx.payload["workflow_id"]}, request_id
+                ),
+                verifiable=False,
+            )
+        )
     return {"steps": len(results)}
 
 

@@ -1,13 +1,22 @@
 """The recovery decision: a pure function of (state, evidence, policy, now).
 
-No I/O, no clock of its own: ``now`` is the database clock read in the same
-transaction as the state, so every threshold compares database times.
+No I/O, no clock of its own: ``now`` is the database clock read with the
+state, so every threshold compares database times.
+
+For a job interrupted mid-run in a domain that is not retry-safe, the vendor
+calls in doubt decide (the vendor-call ledger, ``dispatch_app.vendor_calls``):
+each is settled by what the vendor says about it; when none is left in doubt,
+the job resumes as its next attempt, from the first call that did not take
+effect. A vendor's "pending" (or no answer) is believed only for the domain's
+``vendor_evidence_trust_seconds`` after the call was recorded; past it the job
+is ``outcome_unknown``, never waited on forever.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 REDISPATCH = "redispatch"
 LEAVE_ALONE = "leave_alone"
@@ -22,14 +31,19 @@ RQ_WAITING = ("queued", "deferred", "scheduled", "created")
 
 @dataclass(frozen=True)
 class JobState:
-    """A job as re-read under its row lock."""
+    """A job as re-read (without a lock; the action later checks it is unchanged)."""
 
     job_id: int
     status: str
     attempt: int
     updated_at: datetime
     envelope_status: str | None = None  # the current attempt's envelope, None if there is none
-    vendor_request_id: str = ""
+    vendor_request_id: str = ""  # the last one recorded (kept for jobs from before the ledger)
+    started_at: datetime | None = None
+    # The ledger's calls in doubt (newest per position, pending/unknown), as vendor_calls.Call.
+    in_doubt: tuple[Any, ...] = ()
+    calls_recorded: int = 0  # ledger rows of this job, any attempt
+    ledger_mark: str = ""  # changes with every ledger write: part of the compare-and-set
 
 
 @dataclass(frozen=True)
@@ -37,17 +51,28 @@ class Evidence:
     rq_status: str | None = None  # "missing" after Redis loss; None = not asked
     worker_name: str | None = None
     worker_alive: bool | None = None  # None = no worker named or not asked
+    # About the job's vendor_request_id (jobs from before the ledger):
     vendor_status: str | None = None  # succeeded | failed | pending | unknown | error; None = not asked
     vendor_error: str = ""
+    # About the ledger's calls in doubt: ((call id, status, error), ...); a call not listed was not asked.
+    vendor_answers: tuple[tuple[int, str, str], ...] = ()
+
+    def answer(self, call_id: int) -> tuple[str, str]:
+        for id_, status, error in self.vendor_answers:
+            if id_ == call_id:
+                return status, error
+        return "error", "not asked"
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+        return {k: v for k, v in self.__dict__.items() if v not in (None, "", ())}
 
 
 @dataclass(frozen=True)
 class Decision:
     kind: str
     reason: str
+    # Ledger calls the vendor's answers settle, written with the action: ((call id, status, note), ...).
+    settle: tuple[tuple[int, str, str], ...] = ()
 
 
 def _attempt_or_fail(state: JobState, policy, why: str) -> Decision:
@@ -101,20 +126,74 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
     story = f"interrupted mid-run: {_rq_story(evidence)}"
     if policy.retry_safe:
         return _attempt_or_fail(state, policy, f"{story}; re-running is safe")
+    if policy.records_vendor_calls and (state.calls_recorded or not state.vendor_request_id):
+        return _over_the_ledger(state, evidence, policy, now, story)
     if policy.uses_vendor_request_id:
-        request = state.vendor_request_id
-        if not request:
-            return Decision(OUTCOME_UNKNOWN, f"{story}; no vendor request id recorded, the vendor cannot be asked")
-        vendor = evidence.vendor_status
-        if vendor == "pending":
-            return Decision(LEAVE_ALONE, f"{story}; vendor request {request} still pending, asking again later")
-        if vendor == "succeeded":
-            return Decision(
-                OUTCOME_UNKNOWN, f"{story}; vendor request {request} succeeded but its result was never recorded"
-            )
-        if vendor in ("failed", "unknown"):
-            said = "failed" if vendor == "failed" else "never reached the vendor"
-            return _attempt_or_fail(state, policy, f"{story}; vendor request {request} {said}")
-        detail = f" ({evidence.vendor_error})" if evidence.vendor_error else ""
-        return Decision(LEAVE_ALONE, f"{story}; vendor status of {request} unavailable{detail}, asking again later")
+        return _legacy_request(state, evidence, policy, now, story)
     return Decision(OUTCOME_UNKNOWN, f"{story}; a non-idempotent step may have happened and cannot be checked")
+
+
+def _untrusted(policy, age: float, what: str, said: str, story: str) -> Decision:
+    """A vendor that says "pending" (or nothing) is believed for a bounded time only."""
+    trust = policy.vendor_evidence_trust_seconds
+    if age > trust:
+        return Decision(
+            OUTCOME_UNKNOWN,
+            f"{story}; {what} {said} {age:.0f}s after it was recorded, past the {trust:g}s trust bound "
+            "(VENDOR_EVIDENCE_TRUST_SECONDS): it may have taken effect",
+        )
+    return Decision(
+        LEAVE_ALONE,
+        f"{story}; {what} {said} {age:.0f}s after it was recorded (trusted up to {trust:g}s), asking again later",
+    )
+
+
+def _said(status: str, error: str) -> str:
+    if status == "pending":
+        return "still pending"
+    return f"status unavailable ({error})" if error else "status unavailable"
+
+
+def _over_the_ledger(state: JobState, evidence: Evidence, policy, now: datetime, story: str) -> Decision:
+    settle = []
+    confirmed = redo = 0
+    for call in sorted(state.in_doubt, key=lambda c: c.seq):
+        what = f"vendor call {call.seq} ({call.purpose}, request {call.request_id or '-'})"
+        if not (policy.uses_vendor_request_id and call.request_id):
+            return Decision(OUTCOME_UNKNOWN, f"{story}; {what} was in flight and this vendor cannot be asked")
+        status, error = evidence.answer(call.id)
+        if status == "succeeded":
+            settle.append((call.id, "succeeded", "the vendor says it succeeded (asked by recovery)"))
+            confirmed += 1
+        elif status in ("failed", "unknown"):
+            said = "failed" if status == "failed" else "never reached the vendor"
+            settle.append((call.id, "failed", f"the vendor says it {said} (asked by recovery)"))
+            redo += 1
+        else:
+            return _untrusted(policy, call.age_seconds, what, _said(status, error), story)
+    if state.in_doubt:
+        found = (
+            f"the vendor settled the {len(state.in_doubt)} call(s) in doubt ({confirmed} took effect, {redo} did not)"
+        )
+    else:
+        found = f"no vendor call in doubt ({state.calls_recorded} recorded)"
+    decision = _attempt_or_fail(state, policy, f"{story}; {found}; resuming after the calls that took effect")
+    return replace(decision, settle=tuple(settle))
+
+
+def _legacy_request(state: JobState, evidence: Evidence, policy, now: datetime, story: str) -> Decision:
+    """A job whose only record is Job.vendor_request_id (started before the ledger, or a domain without it)."""
+    request = state.vendor_request_id
+    if not request:
+        return Decision(OUTCOME_UNKNOWN, f"{story}; no vendor request id recorded, the vendor cannot be asked")
+    vendor = evidence.vendor_status
+    if vendor == "succeeded":
+        return Decision(
+            OUTCOME_UNKNOWN, f"{story}; vendor request {request} succeeded but its result was never recorded"
+        )
+    if vendor in ("failed", "unknown"):
+        said = "failed" if vendor == "failed" else "never reached the vendor"
+        return _attempt_or_fail(state, policy, f"{story}; vendor request {request} {said}")
+    # The request was recorded after the start: the start bounds its age from above.
+    age = (now - (state.started_at or state.updated_at)).total_seconds()
+    return _untrusted(policy, age, f"vendor request {request}", _said(vendor or "error", evidence.vendor_error), story)

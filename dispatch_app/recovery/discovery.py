@@ -1,8 +1,12 @@
-"""Recovery's SQL: discover candidates, then re-read one under its row lock.
+"""Recovery's SQL: discover candidates, re-read one (no lock), then lock it only to act.
 
-Both are short transactions. Discovery only nominates: by the time a candidate
-is re-read, a worker may have finished it or a user cancelled it, and the
-re-read says so.
+All short transactions. Discovery only nominates: by the time a candidate is
+re-read, a worker may have finished it or a user cancelled it, and the re-read
+says so. The re-read takes no lock, because the evidence gathered after it
+(Redis, the vendor) may take seconds and a worker finishing the job must not
+wait for that; the action then locks the row and checks that nothing changed
+since the re-read (a compare-and-set on status, attempt, updated_at and the
+vendor-call ledger).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from dispatch_app import vendor_calls
 from dispatch_app.recovery.decide import JobState
 
 JOB = "dispatch_app_job"
@@ -38,10 +43,25 @@ LIMIT %(limit)s
 FOR UPDATE OF j SKIP LOCKED
 """
 
+# Every ledger write (a call recorded or settled) changes it.
+LEDGER_MARK = (
+    f"(SELECT count(*) || '/' || count(*) FILTER (WHERE v.status IN ('pending', 'unknown')) || '/' "
+    f"|| coalesce(max(v.id), 0) || '/' || coalesce(max(v.finished_at)::text, '') "
+    f"FROM {vendor_calls.TABLE} v WHERE v.job_id = j.id)"
+)
+
 REREAD_SQL = f"""
-SELECT j.status, j.attempt, j.updated_at, j.vendor_request_id,
+SELECT j.status, j.attempt, j.updated_at, j.vendor_request_id, j.started_at,
        (SELECT e.status FROM {ENVELOPE} e WHERE e.job_id = j.id AND e.attempt = j.attempt),
-       clock_timestamp()
+       clock_timestamp(),
+       (SELECT count(*) FROM {vendor_calls.TABLE} v WHERE v.job_id = j.id),
+       {LEDGER_MARK}
+FROM {JOB} j
+WHERE j.id = %s
+"""
+
+LOCK_SQL = f"""
+SELECT j.status, j.attempt, j.updated_at, {LEDGER_MARK}
 FROM {JOB} j
 WHERE j.id = %s
 FOR UPDATE OF j SKIP LOCKED
@@ -84,19 +104,48 @@ def discover(policy) -> Discovery:
 
 
 def reread(job_id: int) -> tuple[JobState, datetime] | None:
-    """The job and the database clock, under its row lock; None if another transaction holds it.
+    """The job, its calls in doubt and the database clock, from one snapshot; None if the job is gone.
 
-    Must run inside the caller's transaction, which then owns the lock.
+    A short read-only transaction (repeatable read, so the ledger and the job agree); no row lock.
     """
-    assert connection.in_atomic_block, "reread must run inside the candidate's transaction"
-    with connection.cursor() as cursor:
+    assert not connection.in_atomic_block, "reread takes its own snapshot; the evidence is gathered outside it"
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         cursor.execute(REREAD_SQL, [job_id])
         row = cursor.fetchone()
+        in_doubt = tuple(vendor_calls.unsettled(job_id)) if row is not None and row[7] else ()
     if row is None:
         return None
-    status, attempt, updated_at, vendor_request_id, envelope_status, now = row
-    state = JobState(job_id, status, attempt, updated_at, envelope_status, vendor_request_id or "")
+    status, attempt, updated_at, vendor_request_id, started_at, envelope_status, now, recorded, mark = row
+    state = JobState(
+        job_id,
+        status,
+        attempt,
+        updated_at,
+        envelope_status,
+        vendor_request_id or "",
+        started_at=started_at,
+        in_doubt=in_doubt,
+        calls_recorded=recorded,
+        ledger_mark=mark or "",
+    )
     return state, now
+
+
+def lock_unchanged(state: JobState) -> str:
+    """Lock the job for the action: "ok" if it is as ``state`` saw it, else "locked" or "moved".
+
+    Must run inside the action's transaction, which then owns the lock (for a few statements only).
+    """
+    assert connection.in_atomic_block, "lock_unchanged must run inside the action's transaction"
+    with connection.cursor() as cursor:
+        cursor.execute(LOCK_SQL, [state.job_id])
+        row = cursor.fetchone()
+    if row is None:
+        return "locked"
+    if tuple(row) != (state.status, state.attempt, state.updated_at, state.ledger_mark):
+        return "moved"
+    return "ok"
 
 
 def moved(candidate: Candidate, state: JobState) -> bool:

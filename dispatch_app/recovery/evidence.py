@@ -1,8 +1,9 @@
 """What the outside world says about a candidate: RQ's job, its worker, the vendor.
 
 Redis is only a delivery channel and may have lost everything: a missing RQ job
-is evidence too. Reads only; every Redis call is bounded by the socket timeouts
-in REDIS_URL.
+is evidence too. Reads only, outside any transaction (no row lock is held while
+they run); every Redis call is bounded by the socket timeouts in REDIS_URL,
+every vendor call by the provider's timeout (``call_with_timeout``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from dispatch_app.dispatch.publisher import rq_job_id
+from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import Evidence, JobState
 
 
@@ -39,8 +41,10 @@ def worker_alive(name: str | None, connection: redis.Redis) -> bool | None:
 
 
 def vendor_status(request_id: str, provider) -> tuple[str, str]:
+    timeout = float(getattr(provider, "timeout", 30.0))
     try:
-        return provider.request_status(request_id), ""
+        # Guarded here too: a recovery round must not hang on a client that ignores its own timeout.
+        return call_with_timeout(lambda: provider.request_status(request_id), timeout, f"status of {request_id}"), ""
     except Exception as exc:  # the vendor being down is evidence ("ask later"), not a failed round
         return "error", f"{type(exc).__name__}: {exc}"
 
@@ -53,13 +57,20 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         return Evidence()  # in the outbox: the dispatcher's business
     rq_status, worker = rq_job_status(state.job_id, state.attempt, connection)
     alive = worker_alive(worker, connection) if rq_status == "started" else None
-    vendor, error = None, ""
+    vendor, error, answers = None, "", []
     if (
         state.status == "running"
         and not (rq_status == "started" and alive)
         and not policy.retry_safe
         and policy.uses_vendor_request_id
-        and state.vendor_request_id
     ):
-        vendor, error = vendor_status(state.vendor_request_id, provider)
-    return Evidence(rq_status, worker, alive, vendor, error)
+        # The ledger's calls in doubt, oldest position first; a job from before the ledger has only its request id.
+        for call in sorted(state.in_doubt, key=lambda c: c.seq):
+            if call.request_id:
+                status, why = vendor_status(call.request_id, provider)
+                answers.append((call.id, status, why))
+                if status not in ("succeeded", "failed", "unknown"):
+                    break  # this call decides already (wait, or outcome_unknown): no need to ask about later ones
+        if not state.calls_recorded and state.vendor_request_id:
+            vendor, error = vendor_status(state.vendor_request_id, provider)
+    return Evidence(rq_status, worker, alive, vendor, error, tuple(answers))

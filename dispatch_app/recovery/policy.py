@@ -46,6 +46,14 @@ KEYS: dict[str, _Key] = {
     "USES_VENDOR_REQUEST_ID": _Key(
         "uses_vendor_request_id", bool, doc="ask the provider about the recorded vendor request id"
     ),
+    "VENDOR_EVIDENCE_TRUST_SECONDS": _Key(
+        "vendor_evidence_trust_seconds",
+        float,
+        0,
+        30 * 86_400,
+        doc="how long a vendor's pending (or no answer) about a call in doubt is believed, from when the call was "
+        "recorded (database clock); then outcome_unknown",
+    ),
     "BATCH_SIZE": _Key("batch_size", int, 1, 10_000, doc="candidates per round (B; B+1 are read to tell has_more)"),
     "MAX_REDISPATCHES_PER_ROUND": _Key(
         "max_redispatches_per_round",

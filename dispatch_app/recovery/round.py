@@ -2,9 +2,17 @@
 
 The round holds a session-level advisory lock for its domain, so at most one
 round per domain runs at a time across every dispatcher process (and ``recover
---once``); a round that finds the lock taken does nothing and says so. Each
-candidate gets its own short transaction, so no lock outlives one job, and a
-round's record (``RecoveryRound``) is written when it starts and when it ends.
+--once``); a round that finds the lock taken does nothing and says so. A
+candidate is re-read without a lock, its evidence (Redis, the vendor) gathered
+outside any transaction, and only the action takes the job's row lock, in a
+short transaction that first checks nothing changed since the re-read: a worker
+finishing the job never waits behind a slow vendor or Redis. A round's record
+(``RecoveryRound``) is written when it starts and when it ends.
+
+A candidate whose handling raises is counted (``errors``), recorded in its
+history (``recovery_error``) and backed off: its ``updated_at`` moves to now, so
+it goes to the back of ``ORDER BY updated_at, id`` and is not a candidate again
+before its stale threshold. Bad candidates never take every slot of a round.
 """
 
 from __future__ import annotations
@@ -46,10 +54,20 @@ FINISH_SQL = """
 UPDATE dispatch_app_job SET status = %s, finished_at = clock_timestamp(), error = %s
 WHERE id = %s AND attempt = %s AND status = %s
 """
+# What the vendor said about a ledger call in doubt, written with the action that relies on it.
+SETTLE_SQL = """
+UPDATE dispatch_app_vendorcall SET status = %s, error = %s, finished_at = clock_timestamp()
+WHERE id = %s AND job_id = %s AND status IN ('pending', 'unknown')
+"""
 # A job left alone goes to the back of the discovery order and is looked at again
 # only after its threshold: otherwise B long-running jobs with live workers would
 # take every slot of every round.
 TOUCH_SQL = "UPDATE dispatch_app_job SET updated_at = clock_timestamp() WHERE id = %s AND attempt = %s"
+# The back-off of a candidate whose handling raised (only while it is still unfinished).
+BACK_OFF_SQL = (
+    "UPDATE dispatch_app_job SET updated_at = clock_timestamp() "
+    "WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued', 'running')"
+)
 
 
 @dataclass
@@ -210,12 +228,15 @@ class Round:
                     candidate.job_id,
                     extra={"action": "recovery_error", "domain": self.domain},
                 )
+                self._back_off(candidate, report, result)
         self._record(result, final=True)
         acted = result.redispatched or result.unknown or result.failed or result.errors
         level = logging.INFO if acted else logging.DEBUG
+        errors = (f"; first: job {c.job_id}: {c.reason}" for c in result.candidates if c.outcome == "error")
+        first_error = next(errors, "")
         log.log(
             level,
-            "%s: round scanned %d, re-dispatched %d, left alone %d, unknown %d, failed %d, skipped %d%s",
+            "%s: round scanned %d, re-dispatched %d, left alone %d, unknown %d, failed %d, skipped %d, errors %d%s%s",
             self.domain,
             result.scanned,
             result.redispatched,
@@ -223,35 +244,76 @@ class Round:
             result.unknown,
             result.failed,
             result.skipped,
+            result.errors,
             ", has more" if result.has_more else "",
+            first_error,
             extra={"action": "recovery_round", "domain": self.domain},
         )
 
+    def _back_off(self, candidate, report: CandidateReport, result: RoundResult) -> None:
+        """To the back of the discovery order, with the error in the job's history (not in a dry run)."""
+        if self.dry_run:
+            return
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(BACK_OFF_SQL, [candidate.job_id, candidate.attempt])
+                if cursor.rowcount == 1:
+                    JobEvent.objects.create(
+                        job_id=candidate.job_id,
+                        attempt=candidate.attempt,
+                        kind="recovery_error",
+                        reason=f"recovery could not handle this job: {report.reason}; backed off until it is "
+                        "stale again",
+                        data={"round": result.round_id},
+                    )
+        except ROUND_FATAL:
+            raise
+        except Exception:
+            log.exception(
+                "%s: backing off job %s failed",
+                self.domain,
+                candidate.job_id,
+                extra={"action": "recovery_error", "domain": self.domain},
+            )
+
     def _candidate(self, candidate, report: CandidateReport, result: RoundResult) -> None:
+        got = discovery.reread(candidate.job_id)
+        if got is None:
+            result.skipped += 1
+            report.outcome, report.reason = "moved", "the job no longer exists"
+            return
+        state, now = got
+        if discovery.moved(candidate, state):
+            # Not an order: a worker or a user moved it since discovery. Not touched.
+            result.skipped += 1
+            report.outcome = "moved"
+            report.reason = f"moved since discovery: now {state.status}, attempt {state.attempt}"
+            return
+        # Network calls, no transaction open: nothing waits on us while Redis or the vendor is slow.
+        seen = evidence.gather(state, self.policy, self.redis, self.provider)
+        decision = decisions.decide(state, seen, self.policy, now)
+        report.decision, report.reason, report.evidence = decision.kind, decision.reason, seen.as_dict()
+        if state.in_doubt:
+            report.evidence["calls_in_doubt"] = [call.as_dict() for call in state.in_doubt]
+        if self.dry_run:
+            report.outcome = "would"
+            return
+        if decision.kind == decisions.REDISPATCH and result.redispatched >= self.policy.redispatch_cap:
+            # The rate cap (a recovery herd after Redis loss): the rest waits for the next round.
+            result.skipped += 1
+            result.has_more = True
+            report.outcome = "deferred"
+            return
         with transaction.atomic():
-            got = discovery.reread(candidate.job_id)
-            if got is None:
+            seen_now = discovery.lock_unchanged(state)
+            if seen_now != "ok":
                 result.skipped += 1
-                report.outcome, report.reason = "locked", "row locked by another transaction"
-                return
-            state, now = got
-            if discovery.moved(candidate, state):
-                # Not an order: a worker or a user moved it since discovery. Not touched.
-                result.skipped += 1
-                report.outcome = "moved"
-                report.reason = f"moved since discovery: now {state.status}, attempt {state.attempt}"
-                return
-            seen = evidence.gather(state, self.policy, self.redis, self.provider)
-            decision = decisions.decide(state, seen, self.policy, now)
-            report.decision, report.reason, report.evidence = decision.kind, decision.reason, seen.as_dict()
-            if self.dry_run:
-                report.outcome = "would"
-                return
-            if decision.kind == decisions.REDISPATCH and result.redispatched >= self.policy.redispatch_cap:
-                # The rate cap (a recovery herd after Redis loss): the rest waits for the next round.
-                result.skipped += 1
-                result.has_more = True
-                report.outcome = "deferred"
+                report.outcome = seen_now
+                report.reason = (
+                    "row locked by another transaction"
+                    if seen_now == "locked"
+                    else "moved while its evidence was gathered (a worker or a user got there first)"
+                ) + f"; would have been: {decision.kind} ({decision.reason})"
                 return
             self._act(state, decision, seen, result)
             report.outcome = "done"
@@ -268,6 +330,10 @@ class Round:
 
     def _act(self, state: JobState, decision: Decision, seen: evidence.Evidence, result: RoundResult) -> None:
         kind = decision.kind
+        if decision.settle:
+            with connection.cursor() as cursor:
+                for call_id, status, note in decision.settle:
+                    cursor.execute(SETTLE_SQL, [status, note, call_id, state.job_id])
         if kind == decisions.REDISPATCH:
             # Through the outbox: a new envelope for the next attempt, whose NOTIFY wakes dispatch on commit.
             redispatch(
@@ -295,7 +361,11 @@ class Round:
             attempt=state.attempt,
             kind=EVENT_KINDS[kind],
             reason=decision.reason,
-            data={"evidence": seen.as_dict(), "round": result.round_id},
+            data={
+                "evidence": seen.as_dict(),
+                "round": result.round_id,
+                "calls_in_doubt": [call.as_dict() for call in state.in_doubt],
+            },
         )
 
     def _record(self, result: RoundResult, *, final: bool) -> None:

@@ -6,7 +6,7 @@ import pytest
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from dispatch_app import submit
+from dispatch_app import submit, vendor_calls
 from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent, RecoveryRound
 from dispatch_app.providers import LocalProvider, set_provider
@@ -78,6 +78,10 @@ def test_worker_died_mid_run_outcome_unknown_unless_retry_safe(redis_conn, provi
     for job in (delivery, images, agent, alive):
         job.refresh_from_db()
         start_like_a_worker(job)
+    # Each died inside a vendor call: the image vendor still says pending, the agent's tools cannot be asked.
+    vendor_calls.record(images.pk, 1, 0, "image 1 of 1", "local-req-images")
+    provider._record("local-req-images", "pending")
+    vendor_calls.record(agent.pk, 1, 0, "agent-step-0", "local-req-agent")
     for job in (delivery, images, agent):
         mark_rq_started(redis_conn, job.pk, 1, "worker-that-died")  # its hash is gone: no heartbeat
     live_worker = SimpleWorker(["delivery"], connection=redis_conn, serializer=JSONSerializer, name="live-one")
@@ -86,7 +90,7 @@ def test_worker_died_mid_run_outcome_unknown_unless_retry_safe(redis_conn, provi
     alive_before = Job.objects.get(pk=alive.pk)
 
     results = {
-        d: Round(policy(d), redis=redis_conn, provider=provider).run_once()
+        d: Round(policy(d, VENDOR_EVIDENCE_TRUST_SECONDS=0), redis=redis_conn, provider=provider).run_once()
         for d in ("delivery", "image_series", "agent")
     }
 
@@ -99,9 +103,11 @@ def test_worker_died_mid_run_outcome_unknown_unless_retry_safe(redis_conn, provi
         alive.pk: ("running", 1),
     }
     images.refresh_from_db()
-    assert images.finished_at is not None and "no vendor request id" in images.error
+    assert images.finished_at is not None and "still pending" in images.error
+    assert "past the 0s trust bound (VENDOR_EVIDENCE_TRUST_SECONDS)" in images.error
     (unknown,) = events(agent)
     assert unknown.kind == "recovery_outcome_unknown" and "worker-that-died, which is gone" in unknown.reason
+    assert "agent-step-0" in unknown.reason and "cannot be asked" in unknown.reason
     assert unknown.data["evidence"]["worker_alive"] is False
     (left,) = events(alive)
     assert left.kind == "recovery_leave_alone" and "live worker live-one" in left.reason
@@ -123,7 +129,9 @@ def test_worker_died_mid_run_outcome_unknown_unless_retry_safe(redis_conn, provi
         ("succeeded", ("outcome_unknown", 1), "never recorded"),
     ],
 )
-def test_image_series_asks_the_vendor_about_the_recorded_request(redis_conn, provider, vendor_says, expected, text):
+def test_a_job_from_before_the_ledger_asks_the_vendor_about_its_request_id(
+    redis_conn, provider, vendor_says, expected, text
+):
     job = submit("image_series", PAYLOADS["image_series"])
     dispatch_now()
     job.refresh_from_db()

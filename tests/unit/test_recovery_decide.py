@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from dispatch_app.recovery.decide import (
     decide,
 )
 from dispatch_app.recovery.policy import resolve
+from dispatch_app.vendor_calls import Call
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 OVERRIDES = {
@@ -31,8 +33,22 @@ DEAD_WORKER = Evidence(rq_status="started", worker_name="w1", worker_alive=False
 LIVE_WORKER = Evidence(rq_status="started", worker_name="w1", worker_alive=True)
 
 
-def state(status="queued", age=3600.0, attempt=1, envelope="dispatched", vendor=""):
-    return JobState(1, status, attempt, NOW - timedelta(seconds=age), envelope, vendor)
+def state(status="queued", age=3600.0, attempt=1, envelope="dispatched", vendor="", started=60.0, calls=(), recorded=0):
+    return JobState(
+        1,
+        status,
+        attempt,
+        NOW - timedelta(seconds=age),
+        envelope,
+        vendor,
+        started_at=NOW - timedelta(seconds=started),
+        in_doubt=tuple(calls),
+        calls_recorded=recorded or len(calls),
+    )
+
+
+def call(id_=7, seq=0, age=60.0, request="r-7", purpose="image 1 of 3"):
+    return Call(id_, 1, seq, purpose, request, "pending", None, age)
 
 
 @pytest.mark.parametrize("status", ["succeeded", "failed", "outcome_unknown", "cancelled"])
@@ -125,10 +141,72 @@ def test_running_interrupted_retry_safe_at_max_attempts_fails():
 
 
 @pytest.mark.parametrize("evidence", [MISSING, DEAD_WORKER], ids=["redis-lost", "worker-dead"])
-def test_running_interrupted_not_retry_safe_without_vendor_is_outcome_unknown(evidence):
-    decision = decide(state("running"), evidence, AGENT, NOW)
+def test_running_interrupted_with_an_unaskable_call_in_doubt_is_outcome_unknown(evidence):
+    decision = decide(state("running", calls=[call(purpose="agent-step-1")]), evidence, AGENT, NOW)
+    assert decision.kind == OUTCOME_UNKNOWN
+    assert "agent-step-1" in decision.reason and "cannot be asked" in decision.reason
+
+
+def test_a_domain_without_the_ledger_and_no_vendor_evidence_is_outcome_unknown():
+    policy = replace(AGENT, records_vendor_calls=False)
+    decision = decide(state("running"), DEAD_WORKER, policy, NOW)
     assert decision.kind == OUTCOME_UNKNOWN
     assert "cannot be checked" in decision.reason
+
+
+@pytest.mark.parametrize("policy", [AGENT, IMAGES], ids=["agent", "image_series"])
+def test_no_call_in_doubt_resumes_as_the_next_attempt(policy):
+    # Died between two calls (3 recorded, all settled), or before its first: nothing can repeat.
+    for recorded in (0, 3):
+        decision = decide(state("running", recorded=recorded), DEAD_WORKER, policy, NOW)
+        assert decision.kind == REDISPATCH, decision
+        assert f"no vendor call in doubt ({recorded} recorded)" in decision.reason
+        assert decision.settle == ()
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind", "settled", "text"),
+    [
+        ("succeeded", REDISPATCH, "succeeded", "1 took effect, 0 did not"),
+        ("failed", REDISPATCH, "failed", "0 took effect, 1 did not"),
+        ("unknown", REDISPATCH, "failed", "0 took effect, 1 did not"),
+        ("pending", LEAVE_ALONE, None, "still pending 60s after it was recorded (trusted up to 600s)"),
+        ("error", LEAVE_ALONE, None, "status unavailable (ConnectionError: down)"),
+    ],
+)
+def test_a_call_in_doubt_is_settled_by_the_vendor(answer, kind, settled, text):
+    evidence = Evidence(rq_status="missing", vendor_answers=((7, answer, "ConnectionError: down"),))
+    decision = decide(state("running", calls=[call()]), evidence, IMAGES, NOW)
+    assert decision.kind == kind
+    assert text in decision.reason
+    assert decision.settle == (((7, settled, decision.settle[0][2]),) if settled else ())
+
+
+@pytest.mark.parametrize("answer", ["pending", "error"])
+def test_pending_or_no_answer_is_trusted_only_up_to_the_bound(answer):
+    evidence = Evidence(rq_status="missing", vendor_answers=((7, answer, "ProviderTimeout: no answer"),))
+    policy = replace(IMAGES, vendor_evidence_trust_seconds=120)
+    within = decide(state("running", calls=[call(age=120)]), evidence, policy, NOW)
+    past = decide(state("running", calls=[call(age=120.5)]), evidence, policy, NOW)
+    assert within.kind == LEAVE_ALONE and "trusted up to 120s" in within.reason
+    assert past.kind == OUTCOME_UNKNOWN
+    assert "past the 120s trust bound (VENDOR_EVIDENCE_TRUST_SECONDS)" in past.reason
+
+
+def test_every_call_in_doubt_must_be_settled_before_resuming():
+    calls = [call(7, seq=0), call(8, seq=1, request="r-8")]
+    first_only = Evidence(rq_status="missing", vendor_answers=((7, "succeeded", ""),))
+    both = Evidence(rq_status="missing", vendor_answers=((7, "succeeded", ""), (8, "failed", "")))
+    assert decide(state("running", calls=calls), first_only, IMAGES, NOW).kind == LEAVE_ALONE  # 8 not asked
+    decision = decide(state("running", calls=calls), both, IMAGES, NOW)
+    assert decision.kind == REDISPATCH
+    assert [(i, s) for i, s, _ in decision.settle] == [(7, "succeeded"), (8, "failed")]
+
+
+def test_a_settled_call_at_max_attempts_fails_the_job():
+    evidence = Evidence(rq_status="missing", vendor_answers=((7, "failed", ""),))
+    decision = decide(state("running", attempt=3, calls=[call()]), evidence, IMAGES, NOW)
+    assert decision.kind == FAIL and "attempts used up" in decision.reason
 
 
 def test_started_with_no_worker_named_counts_as_gone():
@@ -136,10 +214,16 @@ def test_started_with_no_worker_named_counts_as_gone():
     assert decision.kind == REDISPATCH
 
 
-def test_vendor_domain_without_request_id_is_outcome_unknown():
-    decision = decide(state("running", vendor=""), DEAD_WORKER, IMAGES, NOW)
+def test_vendor_domain_without_ledger_or_request_id_is_outcome_unknown():
+    decision = decide(state("running", vendor=""), DEAD_WORKER, replace(IMAGES, records_vendor_calls=False), NOW)
     assert decision.kind == OUTCOME_UNKNOWN
     assert "no vendor request id" in decision.reason
+
+
+def test_legacy_request_pending_past_the_bound_since_the_start_is_outcome_unknown():
+    evidence = Evidence(rq_status="missing", vendor_status="pending")
+    decision = decide(state("running", vendor="r-1", started=601), evidence, IMAGES, NOW)
+    assert decision.kind == OUTCOME_UNKNOWN and "past the 600s trust bound" in decision.reason
 
 
 @pytest.mark.parametrize(

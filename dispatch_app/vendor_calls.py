@@ -1,0 +1,239 @@
+"""The vendor-call ledger: every vendor call of a job is recorded before it is made and settled after.
+
+A ``ProviderError`` says the *failing* call took no effect; the calls before it
+in the same attempt did. So a retry must not start the work from the top: it
+walks the same calls in the same order (``seq``, the call's position in the
+domain's work) and, per call, reads the ledger first:
+
+- ``succeeded``: the call took effect; its recorded result is returned and the
+  vendor is not called again;
+- ``failed``: it took no effect; it is made again (a new request id);
+- ``pending``/``unknown``: in doubt (the worker died mid-call, or the call timed
+  out). A vendor that keeps request records (``verifiable``) is asked: its
+  answer settles the call. Otherwise the work stops with ``VendorCallInDoubt``
+  and recovery decides (``recovery.decide``), within the domain's
+  ``VENDOR_EVIDENCE_TRUST_SECONDS``.
+
+Each record is committed on its own (autocommit, outside any transaction), so
+it survives the worker dying a moment later. Recording is fenced on the
+attempt: an attempt that recovery has moved on makes no more calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
+
+log = logging.getLogger("dispatch_app.vendor_calls")
+
+PENDING, SUCCEEDED, FAILED, UNKNOWN = "pending", "succeeded", "failed", "unknown"
+UNSETTLED = (PENDING, UNKNOWN)
+
+TABLE = "dispatch_app_vendorcall"
+
+# Fenced on the attempt: the insert happens only while this attempt is the job's running one.
+# Touching the job (vendor_request_id, kept for compatibility) moves updated_at: a job making
+# vendor calls is making progress, and recovery's compare-and-set sees the new call.
+RECORD_SQL = f"""
+WITH j AS (
+    UPDATE dispatch_app_job SET vendor_request_id = %(request_id)s
+    WHERE id = %(job)s AND attempt = %(attempt)s AND status = 'running'
+    RETURNING id
+)
+INSERT INTO {TABLE} (job_id, attempt, seq, purpose, request_id, status, created_at, error)
+SELECT j.id, %(attempt)s, %(seq)s, %(purpose)s, %(request_id)s, 'pending', clock_timestamp(), ''
+FROM j
+RETURNING id
+"""
+
+SETTLE_SQL = f"""
+UPDATE {TABLE} SET status = %s, result = %s, error = %s, finished_at = clock_timestamp()
+WHERE id = %s AND status IN ('pending', 'unknown')
+"""
+
+# The newest call per position, with its age on the database clock.
+LATEST_SQL = f"""
+SELECT DISTINCT ON (seq) id, attempt, seq, purpose, request_id, status, result,
+       EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8
+FROM {TABLE}
+WHERE job_id = %s
+ORDER BY seq, id DESC
+"""
+
+
+class AttemptSuperseded(RuntimeError):
+    """The attempt is no longer the job's running one (recovered, cancelled): no call is made."""
+
+
+class VendorCallInDoubt(ProviderError):
+    """A call may have taken effect and nobody can say yet: the work stops here, nothing is repeated.
+
+    A ``ProviderError`` only so the worker's failure path (``worker._provider_failed``)
+    receives it; it checks for this class first, because unlike its base it does
+    not say "the call took no effect".
+    """
+
+    def __init__(self, call: Call, why: str):
+        super().__init__(f"vendor call {call.seq} ({call.purpose}, request {call.request_id or '-'}) {why}")
+        self.call = call
+
+
+@dataclass(frozen=True)
+class Call:
+    id: int
+    attempt: int
+    seq: int
+    purpose: str
+    request_id: str
+    status: str
+    result: Any
+    age_seconds: float  # since it was recorded, database clock
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "seq": self.seq,
+            "attempt": self.attempt,
+            "purpose": self.purpose,
+            "request_id": self.request_id,
+            "status": self.status,
+            "age_seconds": round(self.age_seconds, 1),
+        }
+
+
+def latest_calls(job_id: int) -> dict[int, Call]:
+    """seq -> the newest recorded call at that position (any attempt)."""
+    with connection.cursor() as cursor:
+        cursor.execute(LATEST_SQL, [job_id])
+        rows = cursor.fetchall()
+    calls = {}
+    for id_, attempt, seq, purpose, request_id, status, result, age in rows:
+        if isinstance(result, str):  # Django leaves jsonb undecoded on raw cursors
+            result = json.loads(result)
+        calls[seq] = Call(id_, attempt, seq, purpose, request_id, status, result, age)
+    return calls
+
+
+def unsettled(job_id: int) -> list[Call]:
+    return [call for call in latest_calls(job_id).values() if call.status in UNSETTLED]
+
+
+def record(job_id: int, attempt: int, seq: int, purpose: str, request_id: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            RECORD_SQL,
+            {"job": job_id, "attempt": attempt, "seq": seq, "purpose": purpose[:200], "request_id": request_id},
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise AttemptSuperseded(f"job {job_id} attempt {attempt} is no longer running; vendor call {seq} not made")
+    return row[0]
+
+
+def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bool:
+    from psycopg.types.json import Jsonb
+
+    with connection.cursor() as cursor:
+        cursor.execute(SETTLE_SQL, [status, Jsonb(result) if result is not None else None, error[:4000], call_id])
+        return cursor.rowcount == 1
+
+
+def confirmed_result(call: Call) -> dict:
+    """What a retry gets for a call the vendor confirmed but whose own result was never recorded."""
+    return {"request_id": call.request_id, "confirmed_by_vendor": True}
+
+
+class Ledger:
+    """One attempt's walk through its calls (``WorkContext.call_vendor``)."""
+
+    def __init__(self, job_id: int, attempt: int, provider):
+        self.job_id = job_id
+        self.attempt = attempt
+        self.provider = provider
+        self.next_seq = 0
+        self._prior: dict[int, Call] | None = None
+
+    def _earlier(self, seq: int) -> Call | None:
+        if self._prior is None:
+            # A first attempt has nothing to resume; one query either way, before its first call.
+            self._prior = latest_calls(self.job_id)
+        return self._prior.get(seq)
+
+    def _timeout(self) -> float:
+        timeout = float(getattr(self.provider, "timeout", 30.0))
+        # The provider raises ProviderTimeout itself at `timeout`; this guard only catches one that does not.
+        return timeout + max(1.0, timeout * 0.1)
+
+    def call(self, purpose: str, fn: Callable[[str], Any], *, verifiable: bool) -> Any:
+        seq = self.next_seq
+        self.next_seq += 1
+        earlier = self._earlier(seq)
+        if earlier is not None:
+            if earlier.purpose != purpose[:200]:
+                raise RuntimeError(
+                    f"job {self.job_id}: vendor call {seq} was {earlier.purpose!r} in attempt {earlier.attempt}, "
+                    f"now {purpose!r}; the work must make its calls in the same order every attempt"
+                )
+            if earlier.status == SUCCEEDED:
+                # Settled by recovery on the vendor's word: the vendor's answer is all there is.
+                return earlier.result if earlier.result is not None else confirmed_result(earlier)
+            if earlier.status in UNSETTLED:
+                resumed = self._settle_earlier(earlier, verifiable)
+                if resumed is not None:
+                    return resumed
+        request_id = self.provider.new_request_id()
+        call_id = record(self.job_id, self.attempt, seq, purpose, request_id)
+        try:
+            result = call_with_timeout(lambda: fn(request_id), self._timeout(), f"{purpose} ({request_id})")
+        except VendorCallInDoubt:
+            raise
+        except ProviderError as exc:
+            settle(call_id, FAILED, error=f"{type(exc).__name__}: {exc}")
+            raise
+        except ProviderTimeout as exc:
+            settle(call_id, UNKNOWN, error=f"{type(exc).__name__}: {exc}")
+            call = Call(call_id, self.attempt, seq, purpose, request_id, UNKNOWN, None, 0.0)
+            raise VendorCallInDoubt(call, f"gave no answer: {exc}") from exc
+        except BaseException as exc:
+            # Whatever broke, the vendor may have acted: in doubt, never "failed".
+            settle(call_id, UNKNOWN, error=f"{type(exc).__name__}: {exc}")
+            raise
+        settle(call_id, SUCCEEDED, result=result)
+        return result
+
+    def _settle_earlier(self, earlier: Call, verifiable: bool) -> Any | None:
+        """Ask the vendor about an earlier call in doubt: its result if it took effect, None to call again."""
+        if not verifiable or not earlier.request_id:
+            raise VendorCallInDoubt(earlier, "was in flight when its attempt ended; this vendor cannot be asked")
+        try:
+            answer = call_with_timeout(
+                lambda: self.provider.request_status(earlier.request_id),
+                self._timeout(),
+                f"status of {earlier.request_id}",
+            )
+        except Exception as exc:  # the vendor being unreachable leaves the call in doubt
+            raise VendorCallInDoubt(earlier, f"in doubt, vendor status unavailable ({type(exc).__name__}: {exc})")
+        if answer == SUCCEEDED:
+            result = confirmed_result(earlier)
+            settle(earlier.id, SUCCEEDED, result=result, error="confirmed by the vendor on resume")
+            return result
+        if answer in (FAILED, "unknown"):
+            said = "failed" if answer == FAILED else "never reached the vendor"
+            settle(earlier.id, FAILED, error=f"vendor says it {said} (asked on resume)")
+            log.info(
+                "job %s: vendor call %s (%s) %s; making it again",
+                self.job_id,
+                earlier.seq,
+                earlier.request_id,
+                said,
+                extra={"action": "vendor_call_resume", "domain": "worker"},
+            )
+            return None
+        raise VendorCallInDoubt(earlier, f"in doubt, vendor says {answer!r}")
