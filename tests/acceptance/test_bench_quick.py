@@ -48,7 +48,7 @@ def test_quick_run_records_every_scenario_and_variant(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=480,
     )
     results = tmp_path / "results.json"
     assert results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
