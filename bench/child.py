@@ -75,6 +75,9 @@ def main() -> None:
     from dispatch_app.runtime.wake import CATCH_UP
 
     spec = _spec()
+    if spec.get("nice"):
+        # As rundispatcher's recovery child: a lower CPU priority before any thread exists.
+        os.nice(spec["nice"])
     if spec.get("switch_interval"):
         # How long a thread that wants the GIL waits for a busy one (CPython default 5 ms).
         sys.setswitchinterval(spec["switch_interval"])
@@ -100,7 +103,15 @@ def main() -> None:
     options = {"no_listen": not spec.get("listen", True), "no_recovery": not real}
     if real:
         options["domains"] = list(real["domains"])
-    supervisor = assembly.build(conf, options)
+        # Default: in a niced child process, as rundispatcher runs them; True: threads of this process.
+        options["recovery_in_process"] = spec.get("recovery_in_process", False)
+    if kind == "recovery-only":
+        # The modeled recovery loops alone, as the recovery child of rundispatcher runs its loops.
+        from dispatch_app.runtime.supervisor import Supervisor
+
+        supervisor = Supervisor(conf, listen=False, dispatch=False)
+    else:
+        supervisor = assembly.build(conf, options)
     recoveries = [
         ModeledRecovery(
             domain,
@@ -131,8 +142,9 @@ def main() -> None:
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-    supervisor.dispatch.observer = WaitObserver(supervisor.dispatch.observer)
-    dispatch_runner = next(r for r in supervisor.runners if getattr(r, "name", "") == "dispatch")
+    if supervisor.dispatch is not None:
+        supervisor.dispatch.observer = WaitObserver(supervisor.dispatch.observer)
+    dispatch_runner = next((r for r in supervisor.runners if getattr(r, "name", "") == "dispatch"), None)
     if kind == "tick":
         dispatch_runner.loop = TickLoop(supervisor.dispatch)
     elif kind == "serial":
@@ -158,6 +170,13 @@ def main() -> None:
             got.wait(0.5)
             got.clear()
 
+    def recovery_child_ready() -> None:
+        # The default deployment's recovery child takes a Django start-up; measure once its loops run.
+        for runner in supervisor.runners:
+            ready = getattr(getattr(runner, "loop", None), "ready", None)
+            if ready is not None:
+                ready.wait(60)
+
     if spec.get("wait_go"):
         print("ready", flush=True)
         wait_for("go")
@@ -166,6 +185,7 @@ def main() -> None:
         supervisor.start()
         if supervisor.listener is not None:
             supervisor.listener.connected.wait(10)
+        recovery_child_ready()
         print("ready", flush=True)
     if supervisor.listener is None:
         supervisor.wake.set(CATCH_UP)
@@ -176,7 +196,7 @@ def main() -> None:
     stats = {
         "hung": hung,
         "stop_seconds": time.monotonic() - started,
-        "scans": supervisor.dispatch.scans,
+        "scans": supervisor.dispatch.scans if supervisor.dispatch is not None else 0,
         "recovery": {r.domain: r.stats.as_dict() for r in recoveries},
         **waits,
     }

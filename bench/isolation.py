@@ -5,6 +5,9 @@ Variants (same arrival rate, same dispatcher process shape):
 - ``independent``: the shipped shape, every recovery loop on its own thread and
   connection; one domain's round holds its candidates' row locks in a
   ``pg_sleep`` for the block time;
+- ``recovery process``: the default deployment of ``rundispatcher``: the same
+  recovery loops in their own process at nice +10, the dispatcher process
+  runs none (the blocked round is the same);
 - ``serial``: the seed's shape, recover (all domains) then dispatch then wait,
   in one loop: new jobs wait behind the blocked round.
 """
@@ -16,7 +19,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "isolation"
-VARIANTS = ["unloaded", "independent", "serial"]
+VARIANTS = ["unloaded", "independent", "recovery process", "serial"]
 BLOCKED_DOMAIN = "image_series"
 
 
@@ -34,15 +37,22 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         seed_stale(int(stale), list(DOMAIN_KEYS))
         spec = {"kind": "serial" if variant == "serial" else "dispatch", "listen": True, "poll": 1.0}
+        extra_specs = []
         if variant != "unloaded":
-            spec["recovery"] = {
+            recovery = {
                 "domains": list(DOMAIN_KEYS),
                 "period": period,
                 "batch": 25,
                 "block_domains": {BLOCKED_DOMAIN: block},
             }
-        metrics, series, child = latency_run(env, spec, rate=rate, count=int(rate * seconds), settle=block + 5)
-        rec = child.stats.get("recovery", {})
+            if variant == "recovery process":
+                extra_specs.append({"kind": "recovery-only", "nice": 10, "recovery": recovery, "listen": False})
+            else:
+                spec["recovery"] = recovery
+        metrics, series, child = latency_run(
+            env, spec, rate=rate, count=int(rate * seconds), settle=block + 5, extra_specs=extra_specs
+        )
+        rec = child.stats.get("recovery", {}) if not extra_specs else child.stats["extra"][0].get("recovery", {})
         metrics["recovery_rounds"] = sum(d["rounds"] for d in rec.values())
         metrics["blocked_round_max_s"] = rec.get(BLOCKED_DOMAIN, {}).get("round_seconds_max")
         return metrics, series

@@ -1,8 +1,12 @@
 """recovery-storm: 5 domains x 10k stale candidates while new jobs arrive at a fixed rate.
 
-``on``: the real ``dispatch_app.recovery`` loops, one per domain (own thread
-and connection, period 1 s, no jitter, B = 25), re-dispatch or finish stale
-jobs through the outbox while the dispatch loop serves new jobs.
+``on``: the default deployment of ``rundispatcher``: the real
+``dispatch_app.recovery`` loops, one per domain (own thread and connection,
+period 1 s, no jitter, B = 25), in the dispatcher's recovery child process at
+nice +10, re-dispatch or finish stale jobs through the outbox while the dispatch
+loop serves new jobs.
+``on, in process``: the same loops as threads of the dispatcher process
+(``--recovery-in-process``; the shape measured before the child process).
 ``on, GIL switch 1 ms``: the same with ``sys.setswitchinterval(0.001)`` in the
 dispatcher process (the recovery threads are CPU-bound Python; the dispatch
 thread otherwise waits up to 5 ms for the GIL after each of its I/O calls).
@@ -27,7 +31,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "recovery-storm"
-VARIANTS = ["off", "on", "on, GIL switch 1 ms", "on, own process"]
+VARIANTS = ["off", "on", "on, in process", "on, GIL switch 1 ms", "on, own process"]
 STALE_SECONDS = 600.0
 
 AGE_SQL = """
@@ -122,11 +126,22 @@ def run(ctx: Context) -> list[dict]:
                 "QUEUED_STALE_SECONDS": STALE_SECONDS,
             }
             recovery = {"domains": domains, "overrides": {d: dict(overrides) for d in domains}}
+            # Every variant but "on" keeps the loops as threads of the process that runs them (as measured before).
+            in_process = variant != "on"
             if "own process" in variant:
                 # Two rundispatcher-shaped processes: this one dispatches only, the other also recovers.
-                extra_specs.append({"kind": "dispatch", "listen": True, "poll": 1.0, "real_recovery": recovery})
+                extra_specs.append(
+                    {
+                        "kind": "dispatch",
+                        "listen": True,
+                        "poll": 1.0,
+                        "real_recovery": recovery,
+                        "recovery_in_process": in_process,
+                    }
+                )
             else:
                 spec["real_recovery"] = recovery
+                spec["recovery_in_process"] = in_process
         if "switch" in variant:
             spec["switch_interval"] = 0.001
         try:

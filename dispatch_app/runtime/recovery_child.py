@@ -95,6 +95,8 @@ def run(conf: DispatchSettings, domains: list[str], *, report_fd: int | None, ni
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_lifeline(sys.stdin.buffer, lambda: stop("parent gone"))
     supervisor.start()
+    if reporter is not None:
+        reporter.send(event="started", pid=os.getpid(), loops=supervisor.loop_names())
     out.write(f"recovery process pid {os.getpid()} (nice {niceness}) started: {', '.join(supervisor.loop_names())}")
     out.flush()
     while not stopped.wait(0.5):

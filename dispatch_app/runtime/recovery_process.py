@@ -141,6 +141,9 @@ class RecoveryProcessLoop:
         self.hung: list[str] = []  # loops the last child reported still running at its deadline
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
+        # Set when a child has started its loops (its "started" report); for callers that must not measure
+        # or test before recovery runs (the benchmark, tests).
+        self.ready = threading.Event()
 
     def loop_names(self) -> list[str]:
         return [f"recovery-{domain}" for domain in self.domains]
@@ -229,6 +232,8 @@ class RecoveryProcessLoop:
 
     def handle_report(self, report: dict) -> None:
         event = report["event"]
+        if event == "started":
+            self.ready.set()
         if event == "hung":
             self.hung = list(report["loops"])
         if self.observer is None:
