@@ -55,6 +55,8 @@ def run(ctx: Context) -> list[dict]:
         rec = child.stats.get("recovery", {}) if not extra_specs else child.stats["extra"][0].get("recovery", {})
         metrics["recovery_rounds"] = sum(d["rounds"] for d in rec.values())
         metrics["blocked_round_max_s"] = rec.get(BLOCKED_DOMAIN, {}).get("round_seconds_max")
+        metrics["cpu_dispatcher_s"] = child.stats.get("cpu_self_s")
+        metrics["cpu_recovery_process_s"] = sum(e.get("cpu_self_s", 0) for e in child.stats.get("extra", []))
         return metrics, series
 
     out = side_by_side(ctx, NAME, VARIANTS, run_one)

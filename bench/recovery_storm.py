@@ -163,6 +163,12 @@ def run(ctx: Context) -> list[dict]:
                 "connect_s": child.stats.get("connect_wait_s"),
                 "claim_lock_wait_s": child.stats.get("claim_wait_s"),
                 "max_backends": sampler.max_backends,
+                # Where the dispatcher side's CPU went: the dispatcher process, its recovery child, another process.
+                "cpu_dispatcher_s": child.stats.get("cpu_self_s"),
+                "cpu_recovery_child_s": child.stats.get("cpu_children_s"),
+                "cpu_other_process_s": sum(
+                    e.get("cpu_self_s", 0) + e.get("cpu_children_s", 0) for e in child.stats.get("extra", [])
+                ),
             }
         )
         for domain, d in rec.items():
