@@ -17,19 +17,32 @@ from django.contrib import admin, messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
 from dispatch_app.dbtime import ClockTimestamp
-from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import DispatchEnvelope, Job, JobStatus
-from dispatch_app.ops import actions, stats, timeline
-from dispatch_app.ops.chart import throughput_svg
+from dispatch_app.ops import actions, board, timeline
+from dispatch_app.ops.chart import domain_charts_svg, throughput_svg
 from dispatch_app.ops.timeline import format_duration
 
 DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
+PAUSE_PERMISSION = "dispatch_app.pause_domain"
 RQ_PERMISSION = "django_rq.admin"
+# Bulk retries list every job on the confirmation page; more than this is refused (narrow the filter).
+RETRY_CONFIRM_MAX = 5000
+
+# The site index links to the dashboard (the template adds one line above the app list).
+admin.site.index_template = "admin/dispatch_app/site_index.html"
+
+
+def require_perm(request, perm: str, what: str) -> None:
+    """A 403 that names the permission missing (templates/403.html shows it)."""
+    if not request.user.has_perm(perm):
+        raise PermissionDenied(f"{what} needs the permission {perm!r}, which {request.user.get_username()} lacks.")
 
 
 def _older_than(field: str, delta: timedelta) -> dict:
@@ -84,6 +97,26 @@ class EnvelopeAgeFilter(AgeFilter):
     field = "created_at"
 
 
+class FinishedWithinFilter(admin.SimpleListFilter):
+    """Jobs that finished recently (the dashboard's failure counts link here), on the database clock."""
+
+    title = "finished"
+    parameter_name = "finished_within"
+    CHOICES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
+
+    def lookups(self, request, model_admin):
+        return [(key, f"in the last {key}") for key in self.CHOICES]
+
+    def queryset(self, request, queryset):
+        if self.value() in self.CHOICES:
+            cutoff = ExpressionWrapper(
+                ClockTimestamp() - Value(self.CHOICES[self.value()], output_field=DurationField()),
+                output_field=DateTimeField(),
+            )
+            return queryset.filter(finished_at__gte=cutoff)
+        return queryset
+
+
 def _since(field: str):
     return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
 
@@ -128,7 +161,7 @@ class JobAdmin(ReadOnlyAdmin):
         "run_time",
         "timeline_link",
     )
-    list_filter = ("domain", "status", StageFilter, AgeFilter)
+    list_filter = ("domain", "status", StageFilter, AgeFilter, FinishedWithinFilter)
     search_fields = ("=id", "vendor_request_id")
     ordering = ("-id",)
     list_per_page = 50
@@ -179,13 +212,29 @@ class JobAdmin(ReadOnlyAdmin):
     def has_cancel_permission(self, request):
         return request.user.has_perm("dispatch_app.cancel_job")
 
-    @admin.action(description="Retry now (through the outbox)", permissions=["retry"])
+    @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
     def retry_now(self, request, queryset):
-        _report(
-            self,
-            request,
-            [actions.retry_job_now(pk, user=request.user) for pk in queryset.values_list("pk", flat=True)],
-        )
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
+        if len(ids) > RETRY_CONFIRM_MAX:
+            self.message_user(
+                request, f"More than {RETRY_CONFIRM_MAX} jobs selected; narrow the filter.", messages.ERROR
+            )
+            return None
+        if request.POST.get("confirmed") != "yes":
+            # An intermediate page first: per domain, whether re-running is safe and which vendor requests
+            # are in doubt. Nothing changes until the operator confirms.
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Retry these jobs?",
+                "opts": self.model._meta,
+                "plans": actions.retry_plan(ids),
+                "ids": ids,
+                "action": "retry_now",
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/dispatch_app/job/retry_confirm.html", context)
+        _report(self, request, [actions.retry_job_now(pk, user=request.user) for pk in ids])
+        return None
 
     @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
     def cancel(self, request, queryset):
@@ -197,13 +246,19 @@ class JobAdmin(ReadOnlyAdmin):
         view = self.admin_site.admin_view
         return [
             path("dashboard/", view(self.dashboard_view), name="dispatch_app_dashboard"),
+            path("dashboard/live/", view(self.dashboard_fragment_view), name="dispatch_app_dashboard_live"),
+            path("dashboard/data.json", view(self.dashboard_json_view), name="dispatch_app_dashboard_json"),
+            path("dashboard/pause/", view(require_POST(self.pause_view)), name="dispatch_app_dashboard_pause"),
             path("<int:job_id>/timeline/", view(self.timeline_view), name="dispatch_app_job_timeline"),
             *super().get_urls(),
         ]
 
     def timeline_view(self, request, job_id: int):
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            raise PermissionDenied(
+                f"A job's timeline needs the permission 'dispatch_app.view_job', "
+                f"which {request.user.get_username()} lacks."
+            )
         try:
             data = timeline.build(job_id)
         except Job.DoesNotExist:
@@ -220,25 +275,56 @@ class JobAdmin(ReadOnlyAdmin):
         }
         return TemplateResponse(request, "admin/dispatch_app/timeline.html", context)
 
-    def dashboard_view(self, request):
-        if not request.user.has_perm(DASHBOARD_PERMISSION):
-            raise PermissionDenied
-        snap = stats.snapshot()
-        rows = []
-        for domain in DOMAIN_KEYS:
-            d = snap["domains"][domain]
-            rows.append({"domain": domain, **d, "chart_url": None})
-        context = {
+    def _dashboard_context(self, request) -> dict:
+        require_perm(request, DASHBOARD_PERMISSION, "The dispatch dashboard")
+        data = board.build()
+        rows = [
+            {"domain": domain, **d, "charts": domain_charts_svg(d.get("chart", []), domain)}
+            for domain, d in data["domains"].items()
+        ]
+        return {
             **self.admin_site.each_context(request),
             "title": "Dispatch dashboard",
             "opts": self.model._meta,
-            "snap": snap,
+            "snap": data,
             "rows": rows,
             "statuses": [JobStatus.SUBMITTED, JobStatus.QUEUED, JobStatus.RUNNING],
-            "chart": throughput_svg(snap["throughput"]),
-            "fmt": format_duration,
+            "chart": throughput_svg(data["throughput"]),
+            "can_pause": request.user.has_perm(PAUSE_PERMISSION),
+            "jobs_url": reverse("admin:dispatch_app_job_changelist"),
+            "envelopes_url": reverse("admin:dispatch_app_dispatchenvelope_changelist"),
+            "refresh_seconds": 5,
         }
-        return TemplateResponse(request, "admin/dispatch_app/dashboard.html", context)
+
+    def dashboard_view(self, request):
+        return TemplateResponse(request, "admin/dispatch_app/dashboard.html", self._dashboard_context(request))
+
+    def dashboard_fragment_view(self, request):
+        """The live part alone: the page's script swaps it in every few seconds (admin_view: never cached)."""
+        return TemplateResponse(request, "admin/dispatch_app/dashboard_live.html", self._dashboard_context(request))
+
+    def dashboard_json_view(self, request):
+        require_perm(request, DASHBOARD_PERMISSION, "The dispatch dashboard")
+        data = board.build()
+        for d in data["domains"].values():
+            d.pop("chart", None)
+        return JsonResponse(data, json_dumps_params={"default": str, "sort_keys": True})
+
+    def pause_view(self, request):
+        require_perm(request, PAUSE_PERMISSION, "Pausing or resuming dispatch")
+        domain, op = request.POST.get("domain", ""), request.POST.get("op", "")
+        try:
+            if op == "pause":
+                outcome = actions.pause_domain(domain, user=request.user, reason=request.POST.get("reason", ""))
+            elif op == "resume":
+                outcome = actions.resume_domain(domain, user=request.user)
+            else:
+                raise ValueError(f"op must be 'pause' or 'resume', got {op!r}")
+        except ValueError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            self.message_user(request, outcome.message, messages.SUCCESS if outcome.applied else messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:dispatch_app_dashboard"))
 
     def changelist_view(self, request, extra_context=None):
         extra_context = {**(extra_context or {}), "can_see_dashboard": request.user.has_perm(DASHBOARD_PERMISSION)}
@@ -319,7 +405,7 @@ def _restrict_rq_admin() -> None:
             if not (request.user.is_active and request.user.is_staff):
                 return redirect_to_login(request.get_full_path(), reverse("admin:login"))
             if not allowed(request):
-                raise PermissionDenied
+                raise PermissionDenied(f"django-rq's views need the permission {RQ_PERMISSION!r}.")
             return view(request, *args, **kwargs)
 
         return wrapper
@@ -336,7 +422,7 @@ def _restrict_rq_admin() -> None:
 
         def changelist_view(self, request, extra_context=None):
             if not allowed(request):
-                raise PermissionDenied
+                raise PermissionDenied(f"django-rq's views need the permission {RQ_PERMISSION!r}.")
             return super().changelist_view(request, extra_context)
 
         def get_urls(self):

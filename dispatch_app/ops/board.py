@@ -1,0 +1,255 @@
+"""The dashboard's live data: stats.snapshot() plus the RQ side, failures, pauses, per-domain charts and banners.
+
+One function, ``build()``, feeds the dashboard page, its self-refreshing
+fragment, its JSON endpoint and ``dispatchstats``. SQL ages read the database
+clock; stage times come from ``dispatch_app.stages`` (one definition).
+"""
+
+from __future__ import annotations
+
+from dispatch_app import stages
+from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.ops import actions, rqside, stats
+
+ATTEMPT = "dispatch_app_jobattempt"
+JOB = "dispatch_app_job"
+WINDOWS = (5, 60)  # minutes: failure counts and rates
+RATE_MINUTES = 5  # jobs per minute started / finished, averaged over this many minutes
+CHART_MINUTES = 60
+BAD_OUTCOMES = ("failed", "outcome_unknown")
+# What the dispatch loop's heartbeat says while its Redis breaker holds dispatch (ops.heartbeat.PAUSED).
+DISPATCH_PAUSED = "dispatch paused: "
+RECOVERY_PROCESS = "recovery-process"  # runtime.recovery_process.NAME: the supervised recovery child
+ENDED = ("succeeded", "failed", "outcome_unknown", "cancelled")
+
+
+def failures(cursor) -> dict[str, dict]:
+    """{domain: {"5m": {ended, failed, outcome_unknown, rate}, "60m": ...}} over attempts that ended in the window.
+
+    Attempts a later attempt replaced (``superseded``: a retry after a vendor failure, a recovery
+    re-dispatch) are not endings; a job counts once, when its last attempt ends.
+    """
+    cursor.execute(
+        f"""
+        WITH t AS (SELECT clock_timestamp() AS now)
+        SELECT w.minutes, a.domain,
+               count(*) FILTER (WHERE a.outcome = ANY(%(ended)s)),
+               count(*) FILTER (WHERE a.outcome = 'failed'),
+               count(*) FILTER (WHERE a.outcome = 'outcome_unknown')
+        FROM {ATTEMPT} a CROSS JOIN t CROSS JOIN unnest(%(windows)s::int[]) AS w(minutes)
+        WHERE a.finished_at >= t.now - make_interval(mins => %(widest)s)
+          AND a.finished_at >= t.now - make_interval(mins => w.minutes)
+        GROUP BY w.minutes, a.domain
+        """,
+        {"ended": list(ENDED), "windows": list(WINDOWS), "widest": max(WINDOWS)},
+    )
+    out = {d: {f"{m}m": _fail_entry(0, 0, 0) for m in WINDOWS} for d in DOMAIN_KEYS}
+    for minutes, domain, ended, failed, unknown in cursor.fetchall():
+        out.setdefault(domain, {f"{m}m": _fail_entry(0, 0, 0) for m in WINDOWS})[f"{minutes}m"] = _fail_entry(
+            ended, failed, unknown
+        )
+    return out
+
+
+def _fail_entry(ended: int, failed: int, unknown: int) -> dict:
+    return {
+        "ended": ended,
+        "failed": failed,
+        "outcome_unknown": unknown,
+        "rate": round((failed + unknown) / ended, 4) if ended else None,
+    }
+
+
+def activity(cursor, minutes: int = RATE_MINUTES) -> dict[str, dict]:
+    """Jobs per minute started and finished by workers, per domain, averaged over the last ``minutes``.
+
+    Started in the window = attempts that ended in it after starting in it (index on finished_at) plus jobs
+    running now that started in it (index on status): no scan of the whole history.
+    """
+    cursor.execute(
+        f"""
+        WITH t AS (SELECT clock_timestamp() - make_interval(mins => %(m)s) AS since),
+        ended AS (
+            SELECT a.domain, count(*) FILTER (WHERE a.started_at >= t.since) AS started,
+                   count(*) FILTER (WHERE a.started_at IS NOT NULL) AS finished
+            FROM {ATTEMPT} a CROSS JOIN t WHERE a.finished_at >= t.since GROUP BY a.domain
+        ), running AS (
+            SELECT j.domain, count(*) AS started
+            FROM {JOB} j CROSS JOIN t WHERE j.status = 'running' AND j.started_at >= t.since GROUP BY j.domain
+        )
+        SELECT COALESCE(e.domain, r.domain), COALESCE(e.started, 0) + COALESCE(r.started, 0), COALESCE(e.finished, 0)
+        FROM ended e FULL JOIN running r ON r.domain = e.domain
+        """,
+        {"m": minutes},
+    )
+    out = {d: {"started_per_min": 0.0, "finished_per_min": 0.0} for d in DOMAIN_KEYS}
+    for domain, started, finished in cursor.fetchall():
+        out[domain] = {"started_per_min": round(started / minutes, 2), "finished_per_min": round(finished / minutes, 2)}
+    return out
+
+
+def charts(cursor, minutes: int = CHART_MINUTES) -> dict[str, list[dict]]:
+    """Per domain, one point per minute (oldest first): dispatched, p95 outbox and RQ waits (by dispatch
+    minute), finished and failed (by finish minute)."""
+    cursor.execute(
+        f"""
+        WITH t AS (SELECT clock_timestamp() AS now)
+        SELECT a.domain, floor(extract(epoch FROM t.now - a.dispatched_at) / 60)::int AS ago, count(*),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY {stages.seconds_sql("outbox")}),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY {stages.seconds_sql("rq")})
+        FROM {ATTEMPT} a CROSS JOIN t
+        WHERE a.dispatched_at >= t.now - make_interval(mins => %s)
+        GROUP BY a.domain, ago
+        """,
+        [minutes],
+    )
+    dispatched = {(d, ago): (n, outbox, rq) for d, ago, n, outbox, rq in cursor.fetchall()}
+    cursor.execute(
+        f"""
+        WITH t AS (SELECT clock_timestamp() AS now)
+        SELECT a.domain, floor(extract(epoch FROM t.now - a.finished_at) / 60)::int AS ago,
+               count(*) FILTER (WHERE a.started_at IS NOT NULL OR a.outcome <> 'superseded'),
+               count(*) FILTER (WHERE a.outcome = ANY(%s))
+        FROM {ATTEMPT} a CROSS JOIN t
+        WHERE a.finished_at >= t.now - make_interval(mins => %s)
+        GROUP BY a.domain, ago
+        """,
+        [list(BAD_OUTCOMES), minutes],
+    )
+    finished = {(d, ago): (n, bad) for d, ago, n, bad in cursor.fetchall()}
+    out = {}
+    for domain in DOMAIN_KEYS:
+        series = []
+        for ago in range(minutes - 1, -1, -1):
+            n, outbox, rq = dispatched.get((domain, ago), (0, None, None))
+            done, bad = finished.get((domain, ago), (0, 0))
+            series.append(
+                {
+                    "minutes_ago": ago,
+                    "dispatched": n,
+                    "outbox_p95": stats._num(outbox),
+                    "rq_p95": stats._num(rq),
+                    "finished": done,
+                    "failed": bad,
+                }
+            )
+        out[domain] = series
+    return out
+
+
+def banners(data: dict) -> list[dict]:
+    """Red (``error``) and amber (``warning``) lines for the top of the dashboard, most urgent first."""
+    out: list[dict] = []
+
+    def add(level: str, key: str, text: str, link: str = "") -> None:
+        out.append({"level": level, "key": key, "text": text, "link": link})
+
+    live = [p for p in data["dispatchers"] if not p["stale"]]
+    if not live:
+        add("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
+    for p in data["dispatchers"]:
+        if p["stale"]:
+            add("error", "stale-process", f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])}.")
+            continue
+        for loop in p["loops"]:
+            if loop["stale"]:
+                add(
+                    "error",
+                    "stale-loop",
+                    f"Loop {loop['loop']} of {p['name']} is STALE: last successful tick "
+                    f"{_ago(loop['last_tick_age'])}"
+                    + (f" (last error: {loop['last_error']})" if loop["last_error"] else "")
+                    + ".",
+                )
+            error = loop.get("last_error") or ""
+            if error.startswith(DISPATCH_PAUSED):
+                # The dispatch loop's breaker (Redis as a whole refuses sends): it ticks, but sends nothing.
+                add("error", "dispatch-paused", f"{p['name']}: {error}.")
+            elif loop["loop"] == RECOVERY_PROCESS and error and _newer(loop["last_error_age"], loop["last_tick_age"]):
+                add("error", "recovery-process", f"Recovery child process of {p['name']}: {error}.")
+    rq = data["rq"]
+    if rq["error"]:
+        add("error", "redis", f"Redis cannot be read: {rq['error']}.")
+    for domain, d in data["domains"].items():
+        r = d.get("rq") or {}
+        queued = d["backlog"].get("queued", 0)
+        if (r.get("depth") or queued) and r.get("live_workers") == 0 and not rq["error"]:
+            add(
+                "error",
+                "no-worker",
+                f"{domain}: {r.get('depth', 0)} job(s) waiting in RQ queue {r.get('queue', domain)} "
+                f"({queued} queued in PostgreSQL) and no live worker listens on it"
+                + (f"; the oldest has waited {_dur(r.get('oldest_wait'))}" if r.get("oldest_wait") else "")
+                + ".",
+                f"stage=rq&domain={domain}",
+            )
+        dead = d["envelopes"]["dead"]
+        if dead:
+            add(
+                "error",
+                "dead-envelopes",
+                f"{domain}{'' if d.get('registered', True) else ' (not a registered domain)'}: {dead} dead "
+                "envelope(s): their jobs will not be sent until re-armed.",
+                f"envelopes:status=dead&domain={domain}",
+            )
+    for w in rq["workers"]:
+        if w["failing_every_job"]:
+            add(
+                "error",
+                "failing-worker",
+                f"Worker {w['name']} on {w['hostname']} fails every job: {w['failed']} failed, 0 succeeded "
+                "(a misconfigured worker: serializer, import path?).",
+            )
+    for domain, p in data["paused"].items():
+        add(
+            "warning",
+            "paused",
+            f"{domain}: dispatch paused {_ago(p['age'])} by {p['paused_by']}"
+            + (f" ({p['reason']})" if p["reason"] else "")
+            + "; its envelopes stay pending.",
+        )
+    return out
+
+
+def _newer(age, than) -> bool:
+    """An event ``age`` seconds ago happened after one ``than`` seconds ago (None = never)."""
+    return age is not None and (than is None or age < than)
+
+
+def _dur(seconds) -> str:
+    from dispatch_app.ops.timeline import format_duration
+
+    return format_duration(seconds)
+
+
+def _ago(seconds) -> str:
+    return "never" if seconds is None else f"{_dur(seconds)} ago"
+
+
+def build(*, redis_conn=None) -> dict:
+    """Everything the dashboard shows, JSON-ready."""
+    from django.db import connection
+
+    snap = stats.snapshot()
+    rq = rqside.snapshot(redis_conn)
+    with connection.cursor() as cursor:
+        fails = failures(cursor)
+        rates = activity(cursor)
+        series = charts(cursor)
+        paused = actions.paused_domains(cursor)
+    from dispatch_app.conf import dispatch_settings
+    from dispatch_app.recovery.policy import resolve_all
+
+    policies = resolve_all(dispatch_settings().RECOVERY)
+    for domain, d in snap["domains"].items():
+        d["registered"] = domain in policies
+        d["retry_safe"] = policies[domain].retry_safe if domain in policies else None
+        d["rq"] = rq["domains"].get(domain, {})
+        d["failures"] = fails.get(domain)
+        d["activity"] = rates.get(domain)
+        d["chart"] = series.get(domain, [])
+        d["paused"] = paused.get(domain)
+    snap["rq"] = rq
+    snap["paused"] = paused
+    snap["banners"] = banners(snap)
+    return snap
