@@ -47,7 +47,12 @@ SPECS: dict[str, _Spec] = {
     "SEND_BACKOFF_BASE": _Spec(1.0, float, 0, 3600, "first retry delay after a failed send (s), doubled each time"),
     "SEND_BACKOFF_MAX": _Spec(300.0, float, 0, 86_400, "cap of the retry delay (s)"),
     "SEND_TRANSIENT_BACKOFF_MAX": _Spec(
-        10.0, float, 0, 3600, "cap of the retry delay while Redis is unreachable (such failures never dead-letter)"
+        10.0,
+        float,
+        0,
+        3600,
+        "cap of the probe interval while dispatch is paused because Redis as a whole refuses "
+        "(unreachable, OOM, READONLY, ...; such failures never count toward MAX_SEND_ATTEMPTS)",
     ),
     "SHUTDOWN_DEADLINE": _Spec(10.0, float, 0.1, 3600, "seconds to finish in-flight work on SIGTERM"),
     "LISTEN_TIMEOUT": _Spec(5.0, float, 0.05, 3600, "listener wait before it pings the idle connection (s)"),
@@ -159,6 +164,44 @@ def validate(raw: dict | None) -> DispatchSettings:
     if values["SEND_BACKOFF_MAX"] < values["SEND_BACKOFF_BASE"]:
         raise ImproperlyConfigured("DISPATCH['SEND_BACKOFF_MAX'] must be >= DISPATCH['SEND_BACKOFF_BASE']")
     return DispatchSettings(**values)
+
+
+def check_lease(
+    conf: DispatchSettings,
+    *,
+    connect_timeout: float | None,
+    socket_timeout: float | None,
+    reads: int = 1,
+    attempts: int = 1,
+    retry_wait: float = 0.0,
+) -> float:
+    """LEASE_SECONDS must outlast the worst case of one batch's sends; returns that worst case (s).
+
+    A send that outlives its lease is re-claimed and re-sent by another
+    dispatcher while it is still in flight. The worst case: every chunk's
+    pipeline waits out the connect and read timeouts (``reads``: a health-check
+    PING may precede the command), on each of redis-py's ``attempts`` (with
+    ``retry_wait`` of backoff between them), and the batch's chunks go out in
+    waves of SEND_CONCURRENCY, each waiting for a slot.
+    """
+    chunks = math.ceil(conf.BATCH_SIZE / conf.SEND_CHUNK_SIZE)
+    waves = math.ceil(chunks / conf.SEND_CONCURRENCY)
+    if socket_timeout is None or connect_timeout is None:
+        raise ImproperlyConfigured(
+            "Redis calls have no timeout (REDIS_SOCKET_TIMEOUT, or socket_timeout / socket_connect_timeout in "
+            "REDIS_URL): a send could outlast any DISPATCH['LEASE_SECONDS']"
+        )
+    worst = waves * (attempts * (connect_timeout + reads * socket_timeout) + retry_wait)
+    if conf.LEASE_SECONDS <= worst:
+        raise ImproperlyConfigured(
+            f"DISPATCH['LEASE_SECONDS'] = {conf.LEASE_SECONDS:g}s does not outlast the worst case of a batch's sends, "
+            f"{worst:g}s: REDIS_SOCKET_TIMEOUT (connect {connect_timeout:g}s + {reads} x socket {socket_timeout:g}s) "
+            f"x {attempts} attempt(s) (redis-py retries) + {retry_wait:g}s retry backoff, x {waves} wave(s) of "
+            f"DISPATCH['SEND_CONCURRENCY'] = {conf.SEND_CONCURRENCY} for {chunks} chunk(s) (BATCH_SIZE "
+            f"{conf.BATCH_SIZE} / SEND_CHUNK_SIZE {conf.SEND_CHUNK_SIZE}). Raise LEASE_SECONDS or lower "
+            "REDIS_SOCKET_TIMEOUT (socket_timeout / socket_connect_timeout in REDIS_URL)."
+        )
+    return worst
 
 
 def dispatch_settings(**overrides: Any) -> DispatchSettings:

@@ -3,6 +3,10 @@
 One drain claims a batch, sends it, records the results and claims the next
 batch at once while batches come back full, so a backlog never waits (K-1)
 ticks. It stops on an empty or short batch, on an error, or when told to stop.
+
+A server-wide Redis refusal (OOM, READONLY, unreachable, ...) pauses it
+(``dispatch.breaker``): no claims until a probe batch goes through, and the
+envelopes in flight are given back without counting the attempt.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import redis
 from django.db import connection
 
 from dispatch_app import failpoints
-from dispatch_app.conf import DispatchSettings
-from dispatch_app.dispatch import claim
+from dispatch_app.conf import DispatchSettings, check_lease
+from dispatch_app.dispatch import claim, outage
+from dispatch_app.dispatch.breaker import CLOSED, BreakerState, CircuitBreaker, outage_reason
 from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
@@ -28,8 +32,13 @@ from dispatch_app.runtime.wake import TICK, Wake
 
 log = logging.getLogger("dispatch_app.dispatch")
 
-# Redis itself is unreachable or slow: says nothing about the envelopes.
-TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# The first pause probes after this long even when SEND_BACKOFF_BASE is 0 (no busy probing).
+MIN_PROBE_BACKOFF = 0.1
+
+
+def check_send_lease(conf: DispatchSettings, publisher: Publisher | None = None) -> float:
+    """At start-up: LEASE_SECONDS must outlast the worst case of a batch's sends on this Redis (conf.check_lease)."""
+    return check_lease(conf, **(publisher or Publisher(conf)).send_limits())
 
 
 @dataclass
@@ -44,7 +53,11 @@ class DrainResult:
     released: int = 0
     lost_lease: int = 0
     unannounced: int = 0  # first sends found by a tick-triggered scan: a missed wake-up
-    transient_failures: int = 0  # envelopes whose send failed because Redis did (never dead-lettered)
+    outage_released: int = 0  # given back uncounted: Redis as a whole refused (never dead-lettered)
+    outage: str = ""  # why Redis as a whole refused this drain's sends (breaker.outage_reason), if it did
+    # The breaker after this drain (set by run_once, for the heartbeat and the metrics).
+    breaker: BreakerState = field(default_factory=lambda: BreakerState(CLOSED))
+    paused: bool = False  # nothing was claimed: the breaker is open and its probe is not due
     batch_sizes: list[int] = field(default_factory=list)
     # For the metrics (dispatch_app.ops.metrics): outbox waits of the envelopes marked
     # dispatched (s, database clock), and host time spent getting a connection / claiming.
@@ -63,11 +76,12 @@ class DrainResult:
             "released",
             "lost_lease",
             "unannounced",
-            "transient_failures",
+            "outage_released",
             "connect_seconds",
             "claim_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.outage = self.outage or other.outage
         self.batch_sizes.extend(other.batch_sizes)
         self.latencies.extend(other.latencies)
 
@@ -79,8 +93,11 @@ class _BatchRecord:
     token: uuid.UUID
     sent_ids: list[int] = field(default_factory=list)
     skipped_ids: list[int] = field(default_factory=list)
-    failures: dict[tuple[str, bool], list[int]] = field(default_factory=dict)
+    failures: dict[str, list[int]] = field(default_factory=dict)
     permanent: list[tuple[Claimed, str]] = field(default_factory=list)
+    outage_ids: list[int] = field(default_factory=list)
+    outage_error: str = ""
+    outage_delay: float = 0.0
 
 
 class DispatchLoop:
@@ -95,6 +112,7 @@ class DispatchLoop:
         publisher: Publisher | None = None,
         sender: BoundedSender | None = None,
         observer=None,
+        clock=time.monotonic,
     ):
         self.conf = conf
         self.wake = wake or Wake()
@@ -104,9 +122,19 @@ class DispatchLoop:
         self.observer = observer  # metrics hook: observer.drained(result)
         self.scans = 0
         self._marker = Marker()
+        self.breaker = CircuitBreaker(
+            max(conf.SEND_BACKOFF_BASE, MIN_PROBE_BACKOFF),
+            max(min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX), MIN_PROBE_BACKOFF, conf.SEND_BACKOFF_BASE),
+            clock=clock,
+        )
 
     def wait(self) -> str:
-        return self.wake.wait(self.conf.POLL_INTERVAL)
+        return self.wake.wait(self.wait_timeout())
+
+    def wait_timeout(self) -> float:
+        # Paused: wake for the probe when it is due, not a whole tick later.
+        probe_in = self.breaker.seconds_to_probe()
+        return self.conf.POLL_INTERVAL if probe_in is None else min(self.conf.POLL_INTERVAL, probe_in)
 
     def run_once(self, trigger: str = TICK) -> DrainResult:
         """Drain: batch after batch while they come back full.
@@ -119,23 +147,72 @@ class DispatchLoop:
         """
         total = DrainResult(trigger=trigger)
         self.scans += 1
+        if not self.breaker.allow():
+            total.paused = True
+            return self._report(total)
         in_flight: Future | None = None
         try:
             while not self.stop.is_set():
-                result, record = self._claim_and_send(trigger)
+                # While paused, the probe is one envelope: a refusing Redis costs one give-back, not a batch.
+                limit = 1 if self.breaker.probing else self.conf.BATCH_SIZE
+                result, record = self._claim_and_send(trigger, limit)
+                self._judge(result, record)
                 if in_flight is not None:
-                    total.add(in_flight.result())
-                    in_flight = None
-                # A failing Redis would fail the next batch too: wait for the next wake instead.
-                more = result.claimed >= self.conf.BATCH_SIZE and not result.transient_failures
+                    previous, in_flight = in_flight, None
+                    self._collect(total, previous, result, record)
+                # A refusing Redis would refuse the next batch too: the breaker decides when to try again.
+                more = result.claimed >= limit and not result.outage
                 if more and not self.stop.is_set():
-                    in_flight = self._marker.submit(self._record, result, record)
+                    in_flight = self._marker.submit(self._record_in_background, result, record)
                     continue
                 total.add(self._record(result, record))
                 break
         finally:
             if in_flight is not None:
                 total.add(in_flight.result())
+        return self._report(total)
+
+    def _collect(self, total: DrainResult, previous: Future, result: DrainResult, record) -> None:
+        """Add batch N's written results; if writing them failed, still write batch N+1's, then raise.
+
+        Batch N+1 is already sent: dropping its marks would leave its envelopes
+        leased until the lease runs out and then sent again. Batch N's come back
+        the same way, and their re-send is a no-op in Redis.
+        """
+        try:
+            total.add(previous.result())
+        except Exception:
+            try:
+                total.add(self._record(result, record))
+            except Exception:
+                log.exception(
+                    "recording a batch after the previous batch's marks failed also failed",
+                    extra={"action": "mark_failed", "domain": "dispatch"},
+                )
+            raise
+
+    def _record_in_background(self, result: DrainResult, record: _BatchRecord | None) -> DrainResult:
+        failpoints.hit("fail_background_mark")
+        return self._record(result, record)
+
+    def _judge(self, result: DrainResult, record: _BatchRecord | None) -> None:
+        """Tell the breaker what Redis did with this batch (on the loop's thread, before its results are written)."""
+        if record is None:
+            return  # nothing claimed: Redis was not asked; a half-open breaker probes with the next batch
+        if result.outage:
+            record.outage_delay = self.breaker.failed(result.outage, record.outage_error)
+            return
+        if record.sent_ids or record.failures:
+            paused = self.breaker.succeeded()
+            if paused:
+                log.warning(
+                    "dispatch resumed after %.1fs: Redis takes sends again",
+                    paused,
+                    extra={"action": "dispatch_resumed", "domain": "dispatch"},
+                )
+
+    def _report(self, total: DrainResult) -> DrainResult:
+        total.breaker = self.breaker.snapshot()
         if self.observer is not None:
             self.observer.drained(total)
         return total
@@ -144,7 +221,7 @@ class DispatchLoop:
         """One batch, start to finish: claim, send, record."""
         return self._record(*self._claim_and_send(trigger))
 
-    def _claim_and_send(self, trigger: str) -> tuple[DrainResult, _BatchRecord | None]:
+    def _claim_and_send(self, trigger: str, limit: int | None = None) -> tuple[DrainResult, _BatchRecord | None]:
         conf = self.conf
         result = DrainResult(trigger=trigger)
         # Measured apart: waiting for a connection (a reconnect, a pool) vs the claim
@@ -152,7 +229,7 @@ class DispatchLoop:
         started = time.perf_counter()
         connection.ensure_connection()
         connected = time.perf_counter()
-        batch = claim.claim_batch(conf.BATCH_SIZE, conf.LEASE_SECONDS)
+        batch = claim.claim_batch(limit or conf.BATCH_SIZE, conf.LEASE_SECONDS)
         result.connect_seconds = connected - started
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)
@@ -182,21 +259,39 @@ class DispatchLoop:
             if outcome.skipped:
                 record.skipped_ids.extend(ids)
             elif outcome.ok:
-                record.sent_ids.extend(ids)
+                failed = outcome.value.failed
+                bad = {e.envelope_id for e, _ in failed}
+                record.sent_ids.extend(i for i in ids if i not in bad)
                 result.duplicates += outcome.value.duplicates
+                for envelope, exc in failed:
+                    self._envelope_failed(record, [envelope.envelope_id], exc)
             else:
+                reason = outage_reason(outcome.error)
                 error = f"{type(outcome.error).__name__}: {outcome.error}"
-                transient = isinstance(outcome.error, TRANSIENT_ERRORS)
-                record.failures.setdefault((error, transient), []).extend(ids)
-                if transient:
-                    result.transient_failures += len(ids)
-                log.warning(
-                    "send failed for %d envelopes: %s",
-                    len(ids),
-                    error,
-                    extra={"action": "send_failed", "domain": "dispatch"},
-                )
+                if reason is None:
+                    self._envelope_failed(record, ids, outcome.error)
+                    continue
+                record.outage_ids.extend(ids)
+                if not result.outage:
+                    result.outage, record.outage_error = reason, error
+        if record.outage_ids:
+            log.warning(
+                "dispatch paused: %s (%s); %d envelopes given back uncounted",
+                result.outage,
+                record.outage_error,
+                len(record.outage_ids),
+                extra={"action": "dispatch_paused", "domain": "dispatch"},
+            )
         return result, record
+
+    @staticmethod
+    def _envelope_failed(record: _BatchRecord, ids: list[int], exc: BaseException) -> None:
+        """An error of these envelopes' own: it counts toward their MAX_SEND_ATTEMPTS."""
+        error = f"{type(exc).__name__}: {exc}"
+        record.failures.setdefault(error, []).extend(ids)
+        log.warning(
+            "send failed for %d envelopes: %s", len(ids), error, extra={"action": "send_failed", "domain": "dispatch"}
+        )
 
     def _record(self, result: DrainResult, record: _BatchRecord | None) -> DrainResult:
         """Write what the sends did: compare-and-set marks, backoffs, dead letters, released leases."""
@@ -205,8 +300,14 @@ class DispatchLoop:
         marked = claim.mark_dispatched(record.sent_ids, record.token, result.latencies)
         result.dispatched = marked
         result.lost_lease = len(record.sent_ids) - marked
-        for (error, transient), ids in record.failures.items():
-            self._record_failure(result, ids, record.token, error, permanent=False, transient=transient)
+        if result.lost_lease:
+            log.warning(
+                "%d sent envelopes were re-claimed by another dispatcher before this one marked them",
+                result.lost_lease,
+                extra={"action": "lease_lost", "domain": "dispatch"},
+            )
+        for error, ids in record.failures.items():
+            self._record_failure(result, ids, record.token, error, permanent=False)
         for envelope, reason in record.permanent:
             self._record_failure(result, [envelope.envelope_id], record.token, reason, permanent=True)
             log.error(
@@ -216,23 +317,20 @@ class DispatchLoop:
                 extra={"action": "envelope_dead", "domain": envelope.domain},
             )
         result.released = claim.release(record.skipped_ids, record.token)
+        note = f"dispatch paused: {result.outage}: {record.outage_error}"
+        result.outage_released = outage.give_back(record.outage_ids, record.token, note, record.outage_delay)
         return result
 
-    def _record_failure(
-        self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool, transient: bool = False
-    ) -> None:
+    def _record_failure(self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool) -> None:
         conf = self.conf
         statuses = claim.mark_failed(
             ids,
             token,
             error,
             permanent=permanent,
-            transient=transient,
             max_attempts=conf.MAX_SEND_ATTEMPTS,
             backoff_base=conf.SEND_BACKOFF_BASE,
-            backoff_cap=min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX)
-            if transient
-            else conf.SEND_BACKOFF_MAX,
+            backoff_cap=conf.SEND_BACKOFF_MAX,
         )
         result.dead += sum(1 for s in statuses.values() if s == "dead")
         result.failed += sum(1 for s in statuses.values() if s == "pending")

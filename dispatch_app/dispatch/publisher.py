@@ -1,26 +1,41 @@
 """Putting claimed envelopes on RQ: idempotent, pipelined, JSON-serialised.
 
-The RQ job id is derived from the envelope (job id + attempt), and a send first
-asks Redis which of those ids exist: an existing one is a send that already
-happened (a dispatcher died between enqueue and mark) and counts as success.
-The rest go in one MULTI/EXEC pipeline, so a chunk lands whole or not at all.
+The RQ job id is derived from the envelope (job id + attempt), and each job is
+created by RQ's own create-if-absent Lua script (``rq.scripts``: the one behind
+``enqueue(..., unique=True)``): if the job hash exists, nothing is written and
+nothing is pushed. So a re-send (a dispatcher died between enqueue and mark, or
+its lease ran out mid-send) is a no-op in Redis: a job a worker is running keeps
+its hash ("started" stays "started") and is not queued a second time. One
+pipeline per chunk, one round trip: the script is loaded at the head of the
+same pipeline (cheap, idempotent) so a Redis restarted empty never answers
+NOSCRIPT. Each job's reply is its own: created, already there, or an error that
+belongs to that envelope alone; a server-wide refusal (OOM, READONLY, ...) fails
+the whole chunk so the dispatch loop can pause (``dispatch.breaker``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import redis
 from django.conf import settings
 from rq import Queue
-from rq.job import Job as RQJob
+from rq.job import JobStatus
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from rq.serializers import JSONSerializer
 
 from dispatch_app.conf import DispatchSettings
+from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.domains import REGISTRY
+
+CREATE_IF_ABSENT = UNIQUE_ENQUEUE_SCRIPT
+# Redis names a loaded script by its SHA1 (an identifier, not a security use).
+CREATE_IF_ABSENT_SHA = hashlib.sha1(CREATE_IF_ABSENT.encode(), usedforsecurity=False).hexdigest()
+CREATED, EXISTED = 1, 0
 
 
 class PermanentSendError(Exception):
@@ -41,6 +56,17 @@ def redis_connection(url: str | None = None) -> redis.Redis:
 class SendResult:
     sent: int = 0
     duplicates: int = 0
+    # Errors that belong to one envelope (its job's own reply): counted toward its MAX_SEND_ATTEMPTS.
+    failed: list[tuple[Claimed, BaseException]] = field(default_factory=list)
+
+
+def _hset_args(job) -> list:
+    """The job hash as field/value pairs, as ``Job.save`` would write it."""
+    args: list = []
+    for key, value in job.to_dict().items():
+        if value is not None:
+            args.extend((key, value if isinstance(value, (bytes, str)) else str(value)))
+    return args
 
 
 class Publisher:
@@ -63,42 +89,79 @@ class Publisher:
                 self._queues[name] = queue
             return queue
 
+    def send_limits(self) -> dict:
+        """What bounds one send on this connection, for ``conf.check_lease``."""
+        pool = self.connection.connection_pool
+        kwargs = pool.connection_kwargs
+        socket_timeout = kwargs.get("socket_timeout")
+        connect_timeout = kwargs.get("socket_connect_timeout") or socket_timeout
+        # A connection object is built without connecting: its retry policy is the one sends will use.
+        retry = pool.connection_class(**kwargs).retry
+        retries = retry.get_retries() if retry is not None else 0
+        backoff_cap = float(getattr(getattr(retry, "_backoff", None), "_cap", 0) or 0)
+        return {
+            "connect_timeout": connect_timeout,
+            "socket_timeout": socket_timeout,
+            "reads": 2 if kwargs.get("health_check_interval") else 1,
+            "attempts": retries + 1,
+            "retry_wait": retries * backoff_cap,
+        }
+
     @staticmethod
     def check(envelope: Claimed) -> None:
         if envelope.domain not in REGISTRY:
             raise PermanentSendError(f"domain {envelope.domain!r} is not registered")
 
+    def _job(self, queue: Queue, envelope: Claimed, job_id: str):
+        domain = REGISTRY[envelope.domain]
+        job = queue.create_job(
+            domain.task_path,
+            args=[envelope.job_id, envelope.attempt],
+            job_id=job_id,
+            result_ttl=self.conf.RQ_RESULT_TTL,
+            failure_ttl=self.conf.RQ_RESULT_TTL,
+            description=f"{envelope.domain} job {envelope.job_id} attempt {envelope.attempt}",
+            status=JobStatus.QUEUED,
+        )
+        # What Queue.enqueue does before it writes (origin, enqueued_at, timeout, status).
+        queue._prepare_for_queue(job)
+        return job
+
     def send(self, chunk: list[Claimed]) -> SendResult:
-        ids = [rq_job_id(e.job_id, e.attempt) for e in chunk]
-        # Only an envelope claimed before can have reached Redis already: a first
-        # send skips the probe (a round trip per chunk). Should a server crash
-        # lose an unflushed claim, a re-push is still refused by the worker's
-        # start compare-and-set.
-        resend = [i for i, e in enumerate(chunk) if not e.first_send]
-        exists = [False] * len(chunk)
-        if resend:
-            probe = self.connection.pipeline(transaction=False)
-            for i in resend:
-                probe.exists(RQJob.key_for(ids[i]))
-            for i, found in zip(resend, probe.execute(), strict=True):
-                exists[i] = bool(found)
-        pending = [(e, job_id) for e, job_id, found in zip(chunk, ids, exists, strict=True) if not found]
-        if pending:
-            pipe = self.connection.pipeline(transaction=True)
-            by_queue: dict[str, list] = {}
-            for envelope, job_id in pending:
-                domain = REGISTRY[envelope.domain]
-                by_queue.setdefault(envelope.queue, []).append(
-                    Queue.prepare_data(
-                        domain.task_path,
-                        args=[envelope.job_id, envelope.attempt],
-                        job_id=job_id,
-                        result_ttl=self.conf.RQ_RESULT_TTL,
-                        failure_ttl=self.conf.RQ_RESULT_TTL,
-                        description=f"{envelope.domain} job {envelope.job_id} attempt {envelope.attempt}",
-                    )
-                )
-            for queue_name, datas in by_queue.items():
-                self.queue(queue_name).enqueue_many(datas, pipeline=pipe)
-            pipe.execute()
-        return SendResult(sent=len(pending), duplicates=len(chunk) - len(pending))
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.execute_command("SCRIPT LOAD", CREATE_IF_ABSENT)
+        setup = [0]  # reply positions of the chunk-wide commands
+        slots: list[tuple[Claimed, int]] = []
+        registered: set[str] = set()
+        for envelope in chunk:
+            queue = self.queue(envelope.queue)
+            if queue.name not in registered:
+                registered.add(queue.name)
+                setup.append(len(pipe))
+                pipe.sadd(queue.redis_queues_keys, queue.key)
+            job = self._job(queue, envelope, rq_job_id(envelope.job_id, envelope.attempt))
+            ttl = job.ttl if job.ttl is not None else -1
+            slots.append((envelope, len(pipe)))
+            pipe.execute_command(
+                "EVALSHA", CREATE_IF_ABSENT_SHA, 2, job.key, queue.key, job.id, "R", ttl, *_hset_args(job)
+            )
+        replies = pipe.execute(raise_on_error=False)
+
+        errors = [r for r in replies if isinstance(r, Exception)]
+        # Redis as a whole refused: the chunk's fate says nothing about its envelopes.
+        for error in errors:
+            if outage_reason(error) is not None:
+                raise error
+        for position in setup:
+            if isinstance(replies[position], Exception):
+                raise replies[position]
+        result = SendResult()
+        for envelope, position in slots:
+            reply = replies[position]
+            if isinstance(reply, Exception):
+                result.failed.append((envelope, reply))
+            elif reply == CREATED:
+                result.sent += 1
+            else:
+                result.duplicates += 1
+        return result

@@ -23,6 +23,8 @@ from dispatch_app.conf import DispatchSettings
 
 PROCESS = "dispatch_app_dispatcherprocess"
 HEARTBEAT = "dispatch_app_loopheartbeat"
+DISPATCH_LOOP = "dispatch"  # DispatchLoop.name
+PAUSED = "dispatch paused: "
 
 
 @dataclass
@@ -39,6 +41,7 @@ class HeartbeatTracker:
         self.clock = clock
         self._lock = threading.Lock()
         self._loops: dict[str, _LoopState] = {}
+        self._pauses = 0
 
     def loop_tick(self, name: str) -> None:
         with self._lock:
@@ -51,6 +54,26 @@ class HeartbeatTracker:
             state.error_at, state.dirty = self.clock(), True
             state.error = f"{type(exc).__name__}: {exc}"[:2000]
             state.errors += 1
+
+    def drained(self, result) -> None:
+        """The dispatch loop's pause (its Redis breaker open) is its last error, for the dashboard; so is the resume.
+
+        A paused loop still ticks (it is alive and probing); the error says why it sends nothing.
+        """
+        breaker = getattr(result, "breaker", None)
+        if breaker is None:
+            return
+        with self._lock:
+            state = self._loops.setdefault(DISPATCH_LOOP, _LoopState())
+            if breaker.state != "closed":
+                note = f"{PAUSED}{breaker.reason}: {breaker.error}"[:2000]
+                if breaker.pauses > self._pauses:
+                    state.errors += breaker.pauses - self._pauses
+                    self._pauses = breaker.pauses
+                if note != state.error:
+                    state.error, state.error_at, state.dirty = note, self.clock(), True
+            elif state.error.startswith(PAUSED):
+                state.error, state.dirty = f"dispatch resumed (was {state.error})"[:2000], True
 
     def take(self) -> list[tuple[str, float | None, float | None, str, int]]:
         """Loops changed since the last take: (name, seconds since tick, seconds since error, error, errors)."""

@@ -12,7 +12,7 @@ import logging
 import threading
 
 from django.db import connection
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dispatch_app.domains import DOMAIN_KEYS
@@ -68,6 +68,22 @@ class DispatchMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+        self.redis_circuit_open = Gauge(
+            "productflow_redis_circuit_open",
+            "1 while dispatch is paused because Redis as a whole refuses sends (OOM, READONLY, unreachable, ...).",
+            registry=r,
+        )
+        self.outage_pauses = Counter(
+            "productflow_dispatch_outage_pauses",
+            "Dispatch pauses started by a server-wide Redis refusal (the breaker opening).",
+            registry=r,
+        )
+        self.outage_released = Counter(
+            "productflow_envelopes_outage_released",
+            "Envelopes given back uncounted because Redis as a whole refused their send.",
+            registry=r,
+        )
+        self._pauses = 0
         for trigger in TRIGGERS:
             self.scans.labels(trigger)
         self.collector = DatabaseCollector() if database else None
@@ -81,6 +97,14 @@ class DispatchMetrics:
             self.loop_ticks.labels(name)
 
     def drained(self, result) -> None:
+        breaker = getattr(result, "breaker", None)
+        if breaker is not None:
+            self.redis_circuit_open.set(0 if breaker.state == "closed" else 1)
+            self.outage_pauses.inc(max(0, breaker.pauses - self._pauses))
+            self._pauses = max(self._pauses, breaker.pauses)
+        self.outage_released.inc(getattr(result, "outage_released", 0))
+        if getattr(result, "paused", False):
+            return  # not a scan: nothing was claimed
         self.scans.labels(result.trigger).inc()
         self.dispatched.inc(result.dispatched)
         self.send_failures.inc(result.failed + result.dead)

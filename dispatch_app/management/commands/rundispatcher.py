@@ -90,6 +90,10 @@ class Command(SettingsErrorExit2, BaseCommand):
             self.check()
         if options.get("recovery_child"):
             return self._recovery_child(conf, options)
+        if not options.get("no_dispatch"):
+            from dispatch_app.dispatch.loop import check_send_lease
+
+            check_send_lease(conf)  # a lease shorter than a send: exit code 2, naming both settings
         from dispatch_app.runtime import assembly
 
         try:
