@@ -57,6 +57,13 @@ SPECS: dict[str, _Spec] = {
     "SHUTDOWN_DEADLINE": _Spec(10.0, float, 0.1, 3600, "seconds to finish in-flight work on SIGTERM"),
     "LISTEN_TIMEOUT": _Spec(5.0, float, 0.05, 3600, "listener wait before it pings the idle connection (s)"),
     "RECONNECT_BACKOFF_MAX": _Spec(30.0, float, 0.01, 3600, "cap of the listener/loop reconnect backoff (s)"),
+    "LISTEN_DEAD_AFTER": _Spec(
+        15.0, float, 1, 3600, "a LISTEN connection whose network stays silent this long is dropped and redone (s)"
+    ),
+    "NOTIFY_ARM_LEASE": _Spec(
+        10.0, float, 1, 86_400, "an idle dispatcher's arm (writers NOTIFY while armed) lasts this long unrenewed, "
+        "at least 3 x POLL_INTERVAL (s)"
+    ),
     "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
     "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
@@ -105,6 +112,8 @@ class DispatchSettings:
     SHUTDOWN_DEADLINE: float
     LISTEN_TIMEOUT: float
     RECONNECT_BACKOFF_MAX: float
+    LISTEN_DEAD_AFTER: float
+    NOTIFY_ARM_LEASE: float
     PAYLOAD_MAX_BYTES: int
     RQ_JOB_TIMEOUT: int
     RQ_RESULT_TTL: int

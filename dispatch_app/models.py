@@ -90,20 +90,30 @@ class Job(models.Model):
         return f"{self.domain} job {self.pk} (attempt {self.attempt}, {self.status})"
 
 
+# Conditional NOTIFY (issue 10): a notifying commit takes PostgreSQL's cluster-wide
+# notify lock and loses group commit, so a writer announces work only while some
+# dispatcher is idle and armed (dispatch_app.dispatch.arming, which also explains
+# the hand-over that makes skipping it safe). The check is a plain read: writers
+# never contend on it. A writer in REPEATABLE READ/SERIALIZABLE may read an arm
+# state older than its own xid, which the arming fence cannot see: it always notifies.
+_ANNOUNCE_IF_NEEDED = (
+    "IF current_setting('transaction_isolation') <> 'read committed' OR EXISTS ("
+    "SELECT 1 FROM dispatch_app_notifyarm WHERE armed_until > statement_timestamp()) THEN "
+)
 _NOTIFY_INSERTED = (
-    f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) "
-    "FROM (SELECT DISTINCT domain FROM new_rows WHERE status = 'pending') d; RETURN NULL;"
+    _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) "
+    "FROM (SELECT DISTINCT domain FROM new_rows WHERE status = 'pending') d; END IF; RETURN NULL;"
 )
 # Work that became claimable now without an INSERT: re-armed to pending (admin,
 # recovery), a lease given back (shutdown), made due now (admin), or a failed
 # send with no backoff. A claim (leased) or a backoff into the future stays
 # silent: nothing is claimable yet, and the fallback tick covers backoffs.
 _NOTIFY_REARMED = (
-    f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) FROM ("
+    _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) FROM ("
     " SELECT DISTINCT n.domain FROM new_rows n JOIN old_rows o ON o.id = n.id"
     " WHERE n.status = 'pending' AND n.lease_token IS NULL AND n.available_at <= clock_timestamp()"
     " AND (o.status <> 'pending' OR o.lease_token IS NOT NULL OR n.available_at < o.available_at)"
-    ") d; RETURN NULL;"
+    ") d; END IF; RETURN NULL;"
 )
 
 
@@ -147,7 +157,7 @@ class DispatchEnvelope(models.Model):
         ]
         triggers = [
             pgtrigger.Trigger(
-                name="envelope_notify_insert_v1",
+                name="envelope_notify_insert_v2",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,
@@ -155,7 +165,7 @@ class DispatchEnvelope(models.Model):
                 func=_NOTIFY_INSERTED,
             ),
             pgtrigger.Trigger(
-                name="envelope_notify_rearm_v2",
+                name="envelope_notify_rearm_v3",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,
                 operation=pgtrigger.Update,
@@ -182,6 +192,19 @@ class DispatchEnvelope(models.Model):
 
     def __str__(self) -> str:
         return f"envelope {self.pk} ({self.domain} job {self.job_id} attempt {self.attempt}, {self.status})"
+
+
+class NotifyArm(models.Model):
+    """One row per dispatcher: while ``armed_until`` is ahead, writers announce new work.
+
+    Written only by dispatchers (dispatch_app.dispatch.arming); writers only read it.
+    A lease, so a dispatcher that dies armed stops costing the writers when it runs out.
+    """
+
+    token = models.UUIDField(primary_key=True)
+    process = models.CharField(max_length=200, blank=True, default="")
+    armed_at = models.DateTimeField(db_default=ClockTimestamp())
+    armed_until = models.DateTimeField()
 
 
 class JobEvent(models.Model):

@@ -215,6 +215,8 @@ class DispatchLoop:
         total.breaker = self.breaker.snapshot()
         if self.observer is not None:
             self.observer.drained(total)
+        # Conditional NOTIFY (dispatch.arming): where a drain ends, arm before going idle or stay disarmed while busy.
+        self.wake.drained(total)
         return total
 
     def dispatch_batch(self, trigger: str = TICK) -> DrainResult:

@@ -3,16 +3,26 @@
 Any number of signals between two scans collapse into one pending wake; a
 signal that arrives during a scan causes exactly one more scan. That is enough
 because the work itself is always found in the table, never in the signal.
+
+With conditional NOTIFY (dispatch_app.dispatch.arming) the channel also carries
+the dispatcher's side of the hand-over: ``drained()`` is called where a drain
+ends, and while an arm's fence is open ``wait()`` checks it between short
+steps, so the scan it owes happens without waiting for the fallback tick.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 NOTIFY = "notify"
 TICK = "tick"
 CATCH_UP = "catch_up"
 STOP = "stop"
+# Scans no NOTIFY announced, by design rather than by a missed wake-up: the scan
+# that follows arming (HANDOVER) and the scans of a busy, disarmed dispatcher (POLL).
+HANDOVER = "handover"
+POLL = "poll"
 
 
 class Wake:
@@ -20,6 +30,9 @@ class Wake:
         self._cond = threading.Condition()
         self._pending: str | None = None
         self.signals = 0  # how many set() calls, before collapsing (for metrics and tests)
+        # Installed by the listener (dispatch_app.dispatch.arming.Arming): only a
+        # dispatcher that hears NOTIFY has a reason to ask writers for it.
+        self.arming = None
 
     def set(self, reason: str = NOTIFY) -> None:
         with self._cond:
@@ -31,11 +44,41 @@ class Wake:
 
     def wait(self, timeout: float | None) -> str:
         """Block until a wake or the timeout; take (clear) the pending wake and return its reason."""
-        with self._cond:
-            if self._pending is None:
-                self._cond.wait(timeout)
-            reason, self._pending = self._pending, None
-        return reason or TICK
+        arming = self.arming
+        if arming is None or arming.fence_due_in() is None:
+            with self._cond:
+                if self._pending is None:
+                    self._cond.wait(timeout)
+                reason, self._pending = self._pending, None
+            if reason == STOP and arming is not None:
+                arming.stopped()
+            return reason or TICK
+        return self._wait_with_fence(arming, timeout)
+
+    def _wait_with_fence(self, arming, timeout: float | None) -> str:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            due = arming.fence_due_in()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            step = due if left is None else (left if due is None else min(due, left))
+            with self._cond:
+                if self._pending is None:
+                    self._cond.wait(step)
+                reason, self._pending = self._pending, None
+            if reason is not None:
+                if reason == STOP:
+                    arming.stopped()
+                return reason
+            # Outside the lock: the check is a database round trip.
+            if due is not None and arming.check_fence():
+                return HANDOVER
+            if left is not None and left <= 0:
+                return TICK
+
+    def drained(self, result) -> None:
+        """The dispatch loop's drain ended (called on its thread): arm, renew or disarm."""
+        if self.arming is not None:
+            self.arming.drained(result)
 
     def is_set(self) -> bool:
         with self._cond:

@@ -6,6 +6,7 @@ the trigger had sent early would have to arrive before it.
 """
 
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -14,7 +15,7 @@ from django.db import transaction
 from dispatch_app import submit, submit_many
 from dispatch_app.conf import NOTIFY_CHANNEL, dispatch_settings
 from dispatch_app.dispatch.listener import Listener, listener_conninfo
-from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, Wake
+from dispatch_app.runtime.wake import CATCH_UP, HANDOVER, NOTIFY, Wake
 from tests.factories import PAYLOADS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,6 +29,15 @@ def listen():
     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
     yield conn
     conn.close()
+
+
+@pytest.fixture
+def armed():
+    """A dispatcher armed (dispatch.arming): only then do writers announce their commits."""
+    from dispatch_app.dispatch import arming
+
+    with psycopg.connect(autocommit=True, **listener_conninfo()) as conn:
+        conn.execute(arming.ARM_SQL, {"token": uuid.uuid4(), "process": "test", "lease": 3600})
 
 
 @pytest.fixture
@@ -52,7 +62,7 @@ def received_until_sentinel(conn) -> list[str]:
     return got
 
 
-def test_nothing_before_commit_then_one_notification_per_domain_after(listen, sentinel):
+def test_nothing_before_commit_then_one_notification_per_domain_after(armed, listen, sentinel):
     with transaction.atomic():
         submit_many([("delivery", PAYLOADS["delivery"])] * 3 + [("workflow", PAYLOADS["workflow"])])
         sentinel()
@@ -62,7 +72,7 @@ def test_nothing_before_commit_then_one_notification_per_domain_after(listen, se
     assert sorted(received_until_sentinel(listen)) == sorted(["delivery", "workflow", SENTINEL])
 
 
-def test_nothing_after_rollback(listen, sentinel):
+def test_nothing_after_rollback(armed, listen, sentinel):
     class Abort(Exception):
         pass
 
@@ -73,7 +83,7 @@ def test_nothing_after_rollback(listen, sentinel):
     assert received_until_sentinel(listen) == [SENTINEL]
 
 
-def test_a_delayed_envelope_still_notifies_on_commit(listen, sentinel):
+def test_a_delayed_envelope_still_notifies_on_commit(armed, listen, sentinel):
     from datetime import timedelta
 
     submit("delivery", PAYLOADS["delivery"], available_at=timedelta(hours=1))
@@ -90,6 +100,9 @@ def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
         assert listener.connected.wait(10)
         # LISTEN first, then look: the first wake is the catch-up scan.
         assert wake.wait(10) == CATCH_UP
+        # The dispatcher goes idle: it arms (dispatch.arming) and scans once more.
+        wake.arming.arm()
+        assert wake.wait(0) == HANDOVER
         submit("delivery", PAYLOADS["delivery"])
         assert wake.wait(10) == NOTIFY
         assert listener.notifications == 1

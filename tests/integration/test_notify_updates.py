@@ -7,13 +7,13 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.dispatch import claim
 from dispatch_app.models import DispatchEnvelope
 from tests.factories import PAYLOADS
-from tests.integration.test_notify import SENTINEL, listen, received_until_sentinel, sentinel  # noqa: F401
+from tests.integration.test_notify import SENTINEL, armed, listen, received_until_sentinel, sentinel  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def claimed(listen, sentinel):  # noqa: F811
+def claimed(armed, listen, sentinel):  # noqa: F811
     """One envelope, claimed; the INSERT's notification already consumed."""
     submit("delivery", PAYLOADS["delivery"])
     sentinel()

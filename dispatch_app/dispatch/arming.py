@@ -1,0 +1,263 @@
+"""Conditional NOTIFY: writers announce new work only while some dispatcher is armed.
+
+Every commit that called ``pg_notify`` takes PostgreSQL's cluster-wide notify
+lock (``PreCommit_Notify``) until the commit is done, so notifying writers
+commit one at a time. The envelope triggers therefore notify only while a row
+of ``dispatch_app_notifyarm`` is armed (``armed_until`` ahead). A dispatcher
+arms when it goes idle and disarms when work keeps arriving while it drains: a
+busy dispatcher scans again at once (POLL) and needs no announcements.
+
+The hand-over. A writer reads the arm state in its trigger and commits later.
+If it read "not armed", its envelope must be found by a scan that starts after
+its commit. Arming is therefore:
+
+1. commit the arm (autocommit, one statement);
+2. in a new statement, take the transactions in progress now (the xip of a
+   fresh snapshot, minus those pg_stat_activity places in another database).
+   A READ COMMITTED writer whose trigger read "not armed" had its xid before the
+   arm committed (the INSERT precedes its AFTER trigger), so it has committed
+   already or is in this list. Writers that read after the arm see it and
+   notify. (Other isolation levels may read an older snapshot: the trigger
+   makes them always notify.)
+3. scan at once (HANDOVER): it finds every envelope committed so far;
+4. the fence: while listed transactions remain, ``Wake.wait`` checks them
+   between short steps (``pg_xact_status``); each time some have ended, one
+   more HANDOVER scan finds what they committed. Nothing blocks on them, so a
+   long unrelated transaction only keeps a cheap check going.
+
+So every committed envelope is either announced or found by a scan of this
+dispatcher, without writers ever contending on the arm state (a plain read).
+
+Several dispatchers: any armed one suffices (every listener hears every
+NOTIFY); a disarmed one never sleeps without arming first. A dispatcher that
+dies armed keeps the writers notifying until its lease runs out
+(NOTIFY_ARM_LEASE, at least 3 x POLL_INTERVAL); the live one renews at half
+the lease, on its ticks. A lease found lapsed (a long pause) is a fresh arm,
+with its fence and hand-over scan. Without a connected listener a dispatcher
+does not arm: nobody would hear the announcements.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from django.db import DatabaseError, connection
+
+from dispatch_app.runtime.wake import HANDOVER, POLL
+
+log = logging.getLogger("dispatch_app.arming")
+
+ARM = "dispatch_app_notifyarm"
+
+# Rows of dispatchers gone for an hour are removed by whoever arms next, so the
+# writers' read stays one small page.
+ARM_SQL = f"""
+WITH gone AS (
+    DELETE FROM {ARM} WHERE armed_until < clock_timestamp() - interval '1 hour' AND token <> %(token)s
+)
+INSERT INTO {ARM} (token, process, armed_at, armed_until)
+VALUES (%(token)s, %(process)s, clock_timestamp(), clock_timestamp() + make_interval(secs => %(lease)s))
+ON CONFLICT (token) DO UPDATE SET armed_at = EXCLUDED.armed_at, armed_until = EXCLUDED.armed_until
+RETURNING extract(epoch FROM armed_until - clock_timestamp())::float8
+"""
+
+# Only extends a lease that has not run out: after a lapse the writers may have
+# skipped announcements, and only a fresh arm (fence, hand-over) covers that.
+RENEW_SQL = f"""
+UPDATE {ARM} SET armed_until = clock_timestamp() + make_interval(secs => %(lease)s)
+WHERE token = %(token)s AND armed_until > clock_timestamp()
+RETURNING extract(epoch FROM armed_until - clock_timestamp())::float8
+"""
+
+DISARM_SQL = f"UPDATE {ARM} SET armed_until = clock_timestamp() WHERE token = %(token)s"
+
+# Run as its own statement after the arm committed, so its snapshot is later.
+# A transaction pg_stat_activity cannot place (another role's, a prepared one)
+# stays in the fence: waiting for it is only a check, never a block.
+FENCE_SQL = """
+SELECT coalesce(array_agg(x::text), '{}')
+FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.backend_xid = xid(x)
+      AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+"""
+
+STILL_RUNNING_SQL = (
+    "SELECT coalesce(array_agg(x), '{}') FROM unnest(%(xids)s::text[]) AS x "
+    "WHERE pg_xact_status(x::xid8) = 'in progress'"
+)
+
+# Fence checks: soon (writers commit within milliseconds), then backing off so a
+# long transaction costs a few queries a second.
+_FIRST_CHECK = 0.0005
+_MAX_CHECK = 0.05
+
+
+def effective_lease(conf) -> float:
+    """The renewal happens on ticks, so a lease shorter than a few ticks would lapse while idle."""
+    return max(conf.NOTIFY_ARM_LEASE, 3 * conf.POLL_INTERVAL)
+
+
+class Arming:
+    """One dispatcher's arm state; every method runs on the dispatch loop's thread."""
+
+    def __init__(
+        self,
+        conf,
+        wake,
+        *,
+        listening: threading.Event | None = None,
+        stop: threading.Event | None = None,
+        process: str = "",
+        clock=time.monotonic,
+    ):
+        self.conf = conf
+        self.wake = wake
+        self.listening = listening
+        self.stop = stop
+        self.process = process
+        self.clock = clock
+        self.lease = effective_lease(conf)
+        self.token = uuid.uuid4()
+        self.armed_until: float | None = None  # host-monotonic estimate, None = disarmed
+        self.fence: list[str] = []
+        self._next_check = 0.0
+        self._check_step = _FIRST_CHECK
+        # For tests, the benchmark and the logs.
+        self.arms = 0
+        self.disarms = 0
+        self.handovers = 0
+        self.errors = 0
+
+    @property
+    def armed(self) -> bool:
+        return self.armed_until is not None
+
+    # -- the loop's side ---------------------------------------------------
+
+    def drained(self, result) -> None:
+        """Where a drain ends: decide whether this dispatcher needs announcements."""
+        try:
+            self._drained(result)
+        except DatabaseError as exc:
+            self._failed("drained", exc)
+
+    def _drained(self, result) -> None:
+        if self.stop is not None and self.stop.is_set():
+            self.disarm()
+            return
+        if self.listening is not None and not self.listening.is_set():
+            # Announcements nobody hears: the listener's catch-up scan covers its reconnect.
+            self.disarm()
+            return
+        # A drain Redis refused is no sign of more work: rescanning at once would only refuse again.
+        refused = getattr(result, "outage", "") or getattr(result, "transient_failures", 0)
+        busy = result.claimed > 0 and not refused
+        if self.armed:
+            if busy and self.wake.is_set():
+                # Work arrived while we drained, and its writers paid for announcing it:
+                # stop that; the pending wake scans again at once, and so on while busy.
+                self.disarm()
+            else:
+                self._renew_if_due()
+        elif busy:
+            self.wake.set(POLL)
+        else:
+            self.arm()
+
+    def arm(self) -> None:
+        """Arm, list the fence, scan at once (HANDOVER)."""
+        with connection.cursor() as cursor:
+            cursor.execute(ARM_SQL, {"token": self.token, "process": self.process, "lease": self.lease})
+            (remaining,) = cursor.fetchone()
+            self.armed_until = self.clock() + remaining
+            cursor.execute(FENCE_SQL)
+            (xids,) = cursor.fetchone()
+        self.arms += 1
+        self.fence = list(xids)
+        self._check_step = _FIRST_CHECK
+        self._next_check = self.clock() + self._check_step
+        self.handovers += 1
+        self.wake.set(HANDOVER)
+
+    def _renew_if_due(self) -> None:
+        now = self.clock()
+        if now < self.armed_until - self.lease / 2:
+            return
+        remaining = None
+        if now < self.armed_until:
+            with connection.cursor() as cursor:
+                cursor.execute(RENEW_SQL, {"token": self.token, "lease": self.lease})
+                row = cursor.fetchone()
+            remaining = row[0] if row else None
+        if remaining is None:
+            log.info(
+                "notify arm lapsed before its renewal; arming afresh",
+                extra={"action": "notify_arm_lapsed", "domain": "dispatch"},
+            )
+            self.arm()
+        else:
+            self.armed_until = self.clock() + remaining
+
+    def disarm(self) -> None:
+        self.fence = []
+        if self.armed_until is None:
+            return
+        self.armed_until = None
+        self.disarms += 1
+        with connection.cursor() as cursor:
+            cursor.execute(DISARM_SQL, {"token": self.token})
+
+    def stopped(self) -> None:
+        """The loop was told to stop while it waited: writers need not notify for it any more."""
+        try:
+            self.disarm()
+        except DatabaseError as exc:
+            # The lease runs out by itself.
+            self._failed("stopped", exc)
+
+    # -- the wait's side (Wake.wait) -------------------------------------------
+
+    def fence_due_in(self) -> float | None:
+        """Seconds until the next fence check, or None when no fence is open."""
+        if not self.fence:
+            return None
+        return max(0.0, self._next_check - self.clock())
+
+    def check_fence(self) -> bool:
+        """True when some fenced transactions have ended since the last check: scan for what they committed."""
+        if not self.fence or self.clock() < self._next_check:
+            return False
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(STILL_RUNNING_SQL, {"xids": self.fence})
+                (running,) = cursor.fetchone()
+        except DatabaseError as exc:
+            # Cannot tell what ended: scan now; the fallback tick covers the rest.
+            self._failed("fence", exc)
+            self.handovers += 1
+            return True
+        ended = len(running) < len(self.fence)
+        self.fence = list(running)
+        self._check_step = _FIRST_CHECK if ended else min(self._check_step * 2, _MAX_CHECK)
+        self._next_check = self.clock() + self._check_step
+        if ended:
+            self.handovers += 1
+        return ended
+
+    def _failed(self, where: str, exc: Exception) -> None:
+        # Believing ourselves disarmed is the safe side: the next idle drain arms again.
+        self.errors += 1
+        self.armed_until = None
+        self.fence = []
+        log.warning(
+            "notify arming failed in %s: %s",
+            where,
+            exc,
+            extra={"action": "notify_arm_error", "domain": "dispatch"},
+        )
