@@ -23,6 +23,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
+from dispatch_app import stages
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.models import DispatchEnvelope, Job, JobStatus
 from dispatch_app.ops import actions, board, timeline
@@ -121,10 +122,6 @@ def _since(field: str):
     return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
 
 
-def _between(start: str, end: str):
-    return ExpressionWrapper(F(end) - F(start), output_field=DurationField())
-
-
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows change only through the outbox actions below, never through a form."""
 
@@ -156,6 +153,7 @@ class JobAdmin(ReadOnlyAdmin):
         "waiting_in",
         "attempt",
         "age",
+        "backoff_wait",
         "outbox_wait",
         "queue_wait",
         "run_time",
@@ -171,36 +169,50 @@ class JobAdmin(ReadOnlyAdmin):
     readonly_fields = [f.name for f in Job._meta.fields]
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                _age=_since("submitted_at"),
-                _outbox=_between("submitted_at", "dispatched_at"),
-                _queue=_between("dispatched_at", "started_at"),
-                _run=_between("started_at", "finished_at"),
-            )
-        )
+        # The stage columns are the current attempt's (dispatch_app.stages), fetched with the page.
+        return stages.annotate_current(super().get_queryset(request).annotate(_age=_since("submitted_at")))
+
+    def get_search_results(self, request, queryset, search_term):
+        # A number is a job id, exactly: "5" finds job 5, not every vendor request id containing a 5.
+        term = search_term.strip().lstrip("#")
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def _stage(self, obj, key: str) -> str:
+        if not hasattr(obj, "_now"):
+            return "–"
+        stage = stages.current_attempt(obj).stage(key, obj._now)
+        if stage is None or stage.duration is None:
+            return "–"
+        return format_duration(stage.duration) + (" so far" if stage.ongoing else "")
 
     @admin.display(description="waiting in")
     def waiting_in(self, obj):
-        return timeline.waiting_stage(obj.status)
+        if not hasattr(obj, "_now"):
+            return timeline.waiting_stage(obj.status)
+        key = stages.current_attempt(obj).waiting_in(obj._now)
+        return stages.SHORT.get(key, key)
 
     @admin.display(description="age", ordering="submitted_at")
     def age(self, obj):
         return format_duration(getattr(obj, "_age", None))
 
+    @admin.display(description="backoff")
+    def backoff_wait(self, obj):
+        return self._stage(obj, "backoff")
+
     @admin.display(description="outbox")
     def outbox_wait(self, obj):
-        return format_duration(getattr(obj, "_outbox", None))
+        return self._stage(obj, "outbox")
 
     @admin.display(description="RQ queue")
     def queue_wait(self, obj):
-        return format_duration(getattr(obj, "_queue", None))
+        return self._stage(obj, "rq")
 
     @admin.display(description="worker")
     def run_time(self, obj):
-        return format_duration(getattr(obj, "_run", None))
+        return self._stage(obj, "worker")
 
     @admin.display(description="timeline")
     def timeline_link(self, obj):

@@ -63,6 +63,8 @@ LABELS = {
     "rq": "RQ queue (dispatched → started)",
     "worker": "worker (started → finished)",
 }
+# Outcomes a worker writes itself; any other end of a started attempt cut its worker stage short.
+WORKER_OUTCOMES = ("succeeded", "failed", "")
 SHORT = {"backoff": "backoff", "outbox": "outbox", "rq": "RQ queue", "worker": "worker"}
 
 
@@ -104,6 +106,8 @@ class Attempt:
         out = []
         if self.due_at is not None and due > self.created_at:
             out.append(("backoff", self.created_at, due))
+        else:
+            out.append(("backoff", None, None))  # due at once: no backoff, the outbox starts at created
         out.append(("outbox", due, dispatched))
         out.append(("rq", dispatched, self.started_at))
         out.append(("worker", self.started_at, self.finished_at))
@@ -116,6 +120,10 @@ class Attempt:
         for key, start, end in self._boundaries():
             if stopped or start is None:
                 stages.append(Stage(key, LABELS[key], None, None, None))
+                continue
+            if key == "worker" and end is not None and self.outcome not in WORKER_OUTCOMES:
+                # Ended by someone else (superseded, cancelled, recovery's verdict), not by the worker's finish.
+                stages.append(Stage(key, LABELS[key], start, end, max(end - start, timedelta(0)), cut_short=True))
                 continue
             if key == "backoff" and end is not None and end > now and self.finished_at is None:
                 stages.append(Stage(key, LABELS[key], start, end, now - start, ongoing=True))
@@ -264,7 +272,11 @@ def seconds_sql(stage: str, a: str = "a") -> str:
     if stage == "outbox":
         return f"extract(epoch FROM {a}.dispatched_at - {due})::float8"
     if stage == "rq":
-        return f"GREATEST(extract(epoch FROM {a}.started_at - COALESCE({a}.dispatched_at, {a}.started_at))::float8, 0)"
+        # GREATEST ignores NULLs: without the CASE an attempt that never started would count as 0.
+        return (
+            f"CASE WHEN {a}.started_at IS NOT NULL THEN "
+            f"GREATEST(extract(epoch FROM {a}.started_at - COALESCE({a}.dispatched_at, {a}.started_at))::float8, 0) END"
+        )
     if stage == "worker":
         return f"extract(epoch FROM {a}.finished_at - {a}.started_at)::float8"
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")

@@ -116,9 +116,14 @@ ON CONFLICT (process_id, loop) DO UPDATE SET
 class HeartbeatLoop:
     name = "heartbeat"
 
-    def __init__(self, conf: DispatchSettings, tracker: HeartbeatTracker, stop: threading.Event, *, listener=None):
+    def __init__(
+        self, conf: DispatchSettings, tracker: HeartbeatTracker, stop: threading.Event, *, listener=None, observer=None
+    ):
         self.conf = conf
         self.tracker = tracker
+        # The listener's tick goes to the process's observer (heartbeats and metrics alike), not the tracker alone,
+        # or productflow_loop_ticks_total{loop="listener"} would stay 0 while the dashboard shows it ticking.
+        self.observer = observer if observer is not None else tracker
         self.stop = stop
         self.listener = listener
         self.process_id: int | None = None
@@ -143,7 +148,7 @@ class HeartbeatLoop:
         """Write last_seen_at and the loops' ticks; returns how many loop rows were written."""
         if self.listener is not None and self.listener.connected.is_set():
             # The listener is not a loop runner: being connected is its tick.
-            self.tracker.loop_tick(self.listener.name)
+            self.observer.loop_tick(self.listener.name)
         if self.process_id is None:
             self.register()
         with transaction.atomic(), connection.cursor() as cursor:

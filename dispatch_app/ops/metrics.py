@@ -187,7 +187,8 @@ class DatabaseCollector:
         outbox = GaugeMetricFamily(
             "productflow_envelopes", "Envelopes now pending or dead, by domain.", labels=["domain", "status"]
         )
-        for domain in DOMAIN_KEYS:
+        # A domain no longer registered still shows while it has rows (its dead envelopes above all).
+        for domain in [*DOMAIN_KEYS, *sorted((set(envelopes) | set(jobs)) - set(DOMAIN_KEYS))]:
             env = envelopes.get(domain, {})
             job = jobs.get(domain, {})
             pending_age.add_metric([domain], env.get("oldest_pending_age") or 0.0)

@@ -9,15 +9,20 @@ Definitions (docs/operations.md repeats them for operators):
 
 - backlog: unfinished jobs per status (submitted = in the outbox, queued = in
   the RQ queue, running = on a worker).
-- oldest recovery-candidate age: now - min(updated_at) over a domain's
-  unfinished jobs, the row recovery's discovery (ORDER BY updated_at, id)
-  reaches first.
+- oldest recovery-candidate age: the longest time an unfinished job of the
+  domain has spent in its current stage (running: since its attempt started;
+  queued: since its attempt was dispatched; submitted: since its attempt was
+  due), dispatch_app.stages.STAGE_START_SQL. Not updated_at: recovery touches
+  updated_at when it leaves a job alone, which would reset the age.
 - oldest pending envelope age: now - created_at of the oldest pending envelope,
   not counting envelopes deliberately scheduled for later and never tried
   (send_attempts = 0 AND available_at in the future). Backoffs and leases count.
-- dispatch latency: per envelope attempt, created_at -> dispatched_at (the
-  outbox wait; for attempt 1 created_at is the submit) and dispatched_at ->
-  the job's started_at (the RQ queue wait), over attempts dispatched in the window.
+- dispatch latency: per attempt (JobAttempt, dispatch_app.stages), the outbox
+  wait due -> dispatched (a retry backoff or a scheduled submit is its own
+  stage, "backoff", reported apart), the RQ-queue wait dispatched -> started,
+  over attempts dispatched in the window.
+- domains: the registered ones, plus any other domain that still has rows
+  (a domain no longer registered keeps its dead envelopes visible).
 - effective recovery rate: (redispatched + unknown + failed) / scanned over the
   rounds started in the last hour.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 from django.db import connection
 
+from dispatch_app import stages
 from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import ACTIVE_STATUSES
 
@@ -40,6 +46,8 @@ PERCENTILES = (0.5, 0.95, 0.99)
 EFFECTIVE_KINDS = ("redispatched", "unknown", "failed")
 DECISION_KINDS = ("redispatched", "left_alone", "unknown", "failed", "skipped", "errors")
 RATE_WINDOW_MINUTES = 60
+# stages.WINDOW_STAGES -> the snapshot's keys (kept from before per-attempt stages, for the dashboard and --json).
+LATENCY_KEYS = {"outbox": "submitted_to_dispatched", "rq": "dispatched_to_started", "backoff": "backoff"}
 
 
 def _num(value, digits: int = 6):
@@ -47,11 +55,15 @@ def _num(value, digits: int = 6):
 
 
 def job_summary(cursor) -> dict[str, dict]:
-    """Backlog by status and the oldest recovery-candidate age, per domain (partial index job_recovery_candidates)."""
+    """Backlog by status and the oldest recovery-candidate age (time in the current stage), per domain."""
     cursor.execute(
         f"""
-        SELECT domain, status, count(*), extract(epoch FROM clock_timestamp() - min(updated_at))
-        FROM {JOB} WHERE status = ANY(%s) GROUP BY domain, status
+        WITH t AS (SELECT clock_timestamp() AS now)
+        SELECT j.domain, j.status, count(*),
+               GREATEST(extract(epoch FROM t.now - min({stages.STAGE_START_SQL})), 0)
+        FROM {JOB} j CROSS JOIN t
+        LEFT JOIN {stages.ATTEMPT} a ON a.job_id = j.id AND a.attempt = j.attempt
+        WHERE j.status = ANY(%s) GROUP BY j.domain, j.status, t.now
         """,
         [list(ACTIVE_STATUSES)],
     )
@@ -134,28 +146,12 @@ def recovery_summary(cursor, domains, *, rounds: int = 5) -> dict[str, dict]:
     return out
 
 
-def latency_summary(cursor, windows=WINDOWS_MINUTES) -> dict[str, dict]:
-    """p50/p95/p99 of the outbox and RQ-queue waits per window, per domain and for all domains ("all")."""
-    cursor.execute(
-        f"""
-        WITH t AS (SELECT clock_timestamp() AS now),
-        e AS (
-            SELECT e.domain, e.dispatched_at,
-                   extract(epoch FROM e.dispatched_at - e.created_at)::float8 AS outbox,
-                   extract(epoch FROM j.started_at - e.dispatched_at)::float8 AS queue
-            FROM {ENVELOPE} e CROSS JOIN t
-            LEFT JOIN {JOB} j ON j.id = e.job_id AND j.attempt = e.attempt
-            WHERE e.status = 'dispatched' AND e.dispatched_at >= t.now - make_interval(mins => %(widest)s)
-        )
-        SELECT w.minutes, COALESCE(e.domain, 'all'),
-               count(e.outbox), percentile_cont(%(p)s::float8[]) WITHIN GROUP (ORDER BY e.outbox),
-               count(e.queue), percentile_cont(%(p)s::float8[]) WITHIN GROUP (ORDER BY e.queue)
-        FROM e CROSS JOIN t CROSS JOIN unnest(%(windows)s::int[]) AS w(minutes)
-        WHERE e.dispatched_at >= t.now - make_interval(mins => w.minutes)
-        GROUP BY GROUPING SETS ((w.minutes, e.domain), (w.minutes))
-        """,
-        {"widest": max(windows), "windows": list(windows), "p": list(PERCENTILES)},
-    )
+def latency_summary(cursor, windows=WINDOWS_MINUTES, domains=()) -> dict[str, dict]:
+    """p50/p95/p99 per window, per domain and for all domains ("all"), of each attempt's stages (dispatch_app.stages).
+
+    Keys: "submitted_to_dispatched" = the outbox stage (due -> dispatched, backoff excluded),
+    "dispatched_to_started" = the RQ-queue stage, "backoff" = attempts that had a backoff or a scheduled delay.
+    """
 
     def pcts(count, values):
         names = ("p50", "p95", "p99")
@@ -165,32 +161,20 @@ def latency_summary(cursor, windows=WINDOWS_MINUTES) -> dict[str, dict]:
         }
 
     out: dict[str, dict] = {}
-    for minutes, domain, n_outbox, outbox, n_queue, queue in cursor.fetchall():
-        out.setdefault(domain, {})[f"{minutes}m"] = {
-            "submitted_to_dispatched": pcts(n_outbox, outbox),
-            "dispatched_to_started": pcts(n_queue, queue),
-        }
-    empty = {"submitted_to_dispatched": pcts(0, None), "dispatched_to_started": pcts(0, None)}
-    for domain in ("all", *DOMAIN_KEYS):
+    for minutes, domain, stage, count, values in stages.percentiles(cursor, windows, PERCENTILES):
+        window = out.setdefault(domain or "all", {}).setdefault(f"{minutes}m", {})
+        window[LATENCY_KEYS[stage]] = pcts(count, values)
+    for domain in ("all", *DOMAIN_KEYS, *domains, *out):
         for minutes in windows:
-            out.setdefault(domain, {}).setdefault(f"{minutes}m", dict(empty))
+            window = out.setdefault(domain, {}).setdefault(f"{minutes}m", {})
+            for key in LATENCY_KEYS.values():
+                window.setdefault(key, pcts(0, None))
     return out
 
 
 def throughput(cursor, minutes: int = 60) -> list[dict]:
-    """Envelopes dispatched per minute and their p95 outbox wait, oldest minute first (the dashboard chart)."""
-    cursor.execute(
-        f"""
-        WITH t AS (SELECT clock_timestamp() AS now)
-        SELECT floor(extract(epoch FROM t.now - e.dispatched_at) / 60)::int AS ago, count(*),
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.dispatched_at - e.created_at))
-        FROM {ENVELOPE} e CROSS JOIN t
-        WHERE e.status = 'dispatched' AND e.dispatched_at >= t.now - make_interval(mins => %s)
-        GROUP BY ago
-        """,
-        [minutes],
-    )
-    by_minute = {ago: (count, p95) for ago, count, p95 in cursor.fetchall()}
+    """Attempts dispatched per minute and their p95 outbox wait (backoff excluded), oldest minute first (the chart)."""
+    by_minute = stages.per_minute(cursor, minutes)
     series = []
     for ago in range(minutes - 1, -1, -1):
         count, p95 = by_minute.get(ago, (0, None))
@@ -267,14 +251,16 @@ def snapshot(*, stale_seconds: float | None = None, rounds: int = 5, chart_minut
         generated_at = cursor.fetchone()[0]
         jobs = job_summary(cursor)
         envelopes = envelope_summary(cursor)
-        recovery = recovery_summary(cursor, DOMAIN_KEYS, rounds=rounds)
-        latency = latency_summary(cursor)
+        # Registered domains first, then any other domain that still has rows (no longer registered).
+        known = [*DOMAIN_KEYS, *sorted((set(jobs) | set(envelopes)) - set(DOMAIN_KEYS))]
+        recovery = recovery_summary(cursor, known, rounds=rounds)
+        latency = latency_summary(cursor, domains=known)
         chart = throughput(cursor, chart_minutes)
         processes = dispatchers(cursor, stale_seconds)
         queue_usage = notification_queue_usage(cursor)
     no_envelopes = {"pending": 0, "due": 0, "dead": 0, "oldest_pending_age": None}
     domains = {}
-    for domain in DOMAIN_KEYS:
+    for domain in known:
         job = jobs.get(domain, {"backlog": {s: 0 for s in ACTIVE_STATUSES}, "oldest_candidate_age": None})
         domains[domain] = {
             "backlog": job["backlog"],
@@ -282,6 +268,7 @@ def snapshot(*, stale_seconds: float | None = None, rounds: int = 5, chart_minut
             "envelopes": envelopes.get(domain, dict(no_envelopes)),
             "recovery": recovery[domain],
             "latency": latency[domain],
+            "registered": domain in DOMAIN_KEYS,
         }
     ages = [d["envelopes"]["oldest_pending_age"] for d in domains.values()]
     ages = [a for a in ages if a is not None]

@@ -1,7 +1,8 @@
-"""A job's timeline: submitted -> each envelope attempt -> dispatched -> started -> finished, with its events.
+"""A job's timeline: each attempt with its own stages (dispatch_app.stages), its envelope and its events.
 
-Durations are differences of database timestamps; an unfinished stage is
-measured up to the database's clock_timestamp() read in the same query.
+Nothing here computes a stage time: ``stages.Attempt`` does, per attempt, so a re-dispatch never stretches
+a stage across attempts and an earlier attempt's rows stay as they were. Durations are differences of
+database timestamps; an unfinished stage is measured up to the database clock read with the page.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from dispatch_app import stages as st
 from dispatch_app.dbtime import db_now
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent
 
@@ -16,6 +18,7 @@ STAGE_BY_STATUS = {"submitted": "outbox", "queued": "RQ queue", "running": "work
 
 
 def waiting_stage(status: str) -> str:
+    """The stage a status implies, without the attempt's times (a backoff reads as "outbox" here)."""
     return STAGE_BY_STATUS.get(status, "finished")
 
 
@@ -31,12 +34,15 @@ class Entry:
 
 
 @dataclass
-class Stage:
-    name: str
-    start: datetime | None
-    end: datetime | None
-    duration: timedelta | None
-    ongoing: bool = False
+class AttemptView:
+    attempt: st.Attempt
+    stages: list[tuple[st.Stage, str]]  # (stage, formatted duration)
+    envelope: DispatchEnvelope | None
+    error_class: str
+    error_message: str
+    traceback: str
+    ended_by: str  # for a superseded attempt: the event that replaced it, with its reason
+    current: bool
 
 
 @dataclass
@@ -45,9 +51,10 @@ class Timeline:
     now: datetime
     stage: str
     entries: list[Entry] = field(default_factory=list)
-    stages: list[Stage] = field(default_factory=list)
+    stages: list[st.Stage] = field(default_factory=list)  # the current attempt's
     envelopes: list[DispatchEnvelope] = field(default_factory=list)
     events: list[JobEvent] = field(default_factory=list)
+    attempts: list[AttemptView] = field(default_factory=list)  # newest first
 
 
 def build(job_id: int) -> Timeline:
@@ -55,28 +62,32 @@ def build(job_id: int) -> Timeline:
     now = db_now()
     envelopes = list(DispatchEnvelope.objects.filter(job_id=job_id).order_by("attempt"))
     events = list(JobEvent.objects.filter(job_id=job_id).order_by("at", "id"))
-    entries = [Entry(job.submitted_at, "stage", "submitted", attempt=1)]
-    for env in envelopes:
-        entries.append(
-            Entry(
-                env.created_at,
-                "envelope",
-                f"attempt {env.attempt}: envelope created",
-                detail=f"queue {env.queue}, {env.status}, {env.send_attempts} send attempt(s)",
-                reason=env.last_error,
-                attempt=env.attempt,
+    attempts = st.job_attempts(job, envelopes)
+    by_attempt = {env.attempt: env for env in envelopes}
+    entries: list[Entry] = []
+    views: list[AttemptView] = []
+    for attempt in attempts:
+        n = attempt.attempt
+        env = by_attempt.get(n)
+        entries += _attempt_entries(attempt, env, now)
+        error_class, message, trace = attempt.error_parts()
+        replaced = (
+            next((e for e in events if e.attempt == n and (e.data or {}).get("next_attempt") == n + 1), None)
+            if attempt.outcome == "superseded"
+            else None
+        )
+        views.append(
+            AttemptView(
+                attempt=attempt,
+                stages=[(s, format_duration(s.duration)) for s in attempt.stages(now)],
+                envelope=env,
+                error_class=error_class,
+                error_message=message,
+                traceback=trace,
+                ended_by=f"{replaced.kind}: {replaced.reason}" if replaced else "",
+                current=n == job.attempt,
             )
         )
-        if env.dispatched_at is not None:
-            entries.append(
-                Entry(env.dispatched_at, "envelope", f"attempt {env.attempt}: dispatched to RQ", attempt=env.attempt)
-            )
-    if job.dispatched_at is not None:
-        entries.append(Entry(job.dispatched_at, "stage", "dispatched (first)"))
-    if job.started_at is not None:
-        entries.append(Entry(job.started_at, "stage", f"started (attempt {job.attempt})", attempt=job.attempt))
-    if job.finished_at is not None:
-        entries.append(Entry(job.finished_at, "stage", f"finished: {job.status}", reason=job.error))
     for event in events:
         entries.append(
             Entry(event.at, "event", event.kind, detail=_data(event.data), reason=event.reason, attempt=event.attempt)
@@ -86,21 +97,52 @@ def build(job_id: int) -> Timeline:
         current.until_next = following.at - current.at
     if entries and job.finished_at is None:
         entries[-1].until_next = now - entries[-1].at
+    current = attempts[-1]
+    stage_key = current.waiting_in(now)
+    return Timeline(
+        job=job,
+        now=now,
+        stage=st.SHORT.get(stage_key, stage_key),
+        entries=entries,
+        stages=current.stages(now),
+        envelopes=envelopes,
+        events=events,
+        attempts=list(reversed(views)),
+    )
 
-    def stage(name, start, end):
-        if start is None:
-            return Stage(name, None, None, None)
-        ongoing = end is None
-        if ongoing and job.finished_at is not None:
-            return Stage(name, start, None, None)  # skipped (e.g. cancelled before it started)
-        return Stage(name, start, end, (end or now) - start, ongoing)
 
-    stages = [
-        stage("outbox (submitted → dispatched)", job.submitted_at, job.dispatched_at),
-        stage("RQ queue (dispatched → started)", job.dispatched_at, job.started_at),
-        stage("worker (started → finished)", job.started_at, job.finished_at),
-    ]
-    return Timeline(job, now, waiting_stage(job.status), entries, stages, envelopes, events)
+def _attempt_entries(attempt: st.Attempt, env: DispatchEnvelope | None, now: datetime) -> list[Entry]:
+    n = attempt.attempt
+    out = [Entry(attempt.created_at, "stage", "submitted" if n == 1 else f"attempt {n}: created", attempt=n)]
+    if env is not None:
+        out.append(
+            Entry(
+                env.created_at,
+                "envelope",
+                f"attempt {n}: envelope created",
+                detail=f"queue {env.queue}, {env.status}, {env.send_attempts} send attempt(s)",
+                reason=env.last_error,
+                attempt=n,
+            )
+        )
+    due = attempt.due()
+    if attempt.due_at is not None and due > attempt.created_at and due <= now:
+        out.append(Entry(due, "stage", f"attempt {n}: due (backoff over)", attempt=n))
+    if attempt.dispatched_at is not None:
+        out.append(Entry(attempt.dispatched_at, "stage", f"attempt {n}: dispatched to RQ", attempt=n))
+    if attempt.started_at is not None:
+        worker = f" on {attempt.worker}" if attempt.worker else ""
+        out.append(Entry(attempt.started_at, "stage", f"attempt {n}: started{worker}", attempt=n))
+    if attempt.finished_at is not None:
+        error_class, message, _ = attempt.error_parts()
+        reason = f"{error_class}: {message}" if error_class else message
+        label = (
+            f"attempt {n}: superseded by attempt {n + 1}"
+            if attempt.outcome == "superseded"
+            else (f"attempt {n}: finished: {attempt.outcome}")
+        )
+        out.append(Entry(attempt.finished_at, "stage", label, reason=reason, attempt=n))
+    return out
 
 
 def _data(data) -> str:

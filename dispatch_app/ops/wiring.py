@@ -55,7 +55,9 @@ class Ops:
     def attach(self, supervisor) -> None:
         """Add the heartbeat and retention loops, register this process, start the metrics endpoint."""
         supervisor.ops = self
-        self.heartbeat = HeartbeatLoop(self.conf, self.heartbeats, supervisor.stop, listener=supervisor.listener)
+        self.heartbeat = HeartbeatLoop(
+            self.conf, self.heartbeats, supervisor.stop, listener=supervisor.listener, observer=self.observer
+        )
         self.heartbeat.register()
         supervisor.add_loop(self.heartbeat, domain="ops")
         supervisor.add_loop(RetentionLoop(self.conf, supervisor.stop), domain="ops")

@@ -48,22 +48,35 @@ def envelope(
     last_error="",
     queue=None,
 ) -> DispatchEnvelope:
+    # Created pending, then moved to its status with its timestamps in one UPDATE, as the dispatcher's mark
+    # does: the history triggers then record the attempt's dispatch from these timestamps.
     env = DispatchEnvelope.objects.create(
         job=job_row,
         attempt=attempt or job_row.attempt,
         domain=job_row.domain,
         queue=queue or job_row.domain,
-        status=status,
+        status="pending",
         send_attempts=send_attempts,
         last_error=last_error,
     )
     available = created_ago if available_ago is None else available_ago
-    sets = [f"created_at = {ago(created_ago)}", f"available_at = {ago(available)}"]
+    sets = ["status = %s", f"created_at = {ago(created_ago)}", f"available_at = {ago(available)}"]
     if dispatched_ago is not None:
         sets.append(f"dispatched_at = {ago(dispatched_ago)}")
-    sql(f"UPDATE dispatch_app_dispatchenvelope SET {', '.join(sets)} WHERE id = %s", [env.pk])
+    sql(f"UPDATE dispatch_app_dispatchenvelope SET {', '.join(sets)} WHERE id = %s", [status, env.pk])
     env.refresh_from_db()
     return env
+
+
+def attempt_row(job_row: Job, attempt: int, *, outcome: str = "", error: str = "", worker: str = "", **instants_ago):
+    """A JobAttempt row as the history triggers would have left it: created_ago=, due_ago=, dispatched_ago=,
+    started_ago=, finished_ago= are seconds before now."""
+    names = {k.removesuffix("_ago") + "_at": ago(v) for k, v in instants_ago.items() if v is not None}
+    sql(
+        f"INSERT INTO dispatch_app_jobattempt (job_id, attempt, domain, worker, outcome, error, {', '.join(names)}) "
+        f"VALUES (%s, %s, %s, %s, %s, %s, {', '.join(names.values())})",
+        [job_row.pk, attempt, job_row.domain, worker, outcome, error],
+    )
 
 
 def percentile_cont(values, q: float) -> float:

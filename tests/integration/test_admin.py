@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 
@@ -11,7 +13,7 @@ from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent, RecoveryRound
 from dispatch_app.outbox import submit
 from tests.factories import PAYLOADS
-from tests.integration.opsdata import envelope, job
+from tests.integration.opsdata import attempt_row, envelope, job
 
 JOBS = "/admin/dispatch_app/job/"
 ENVELOPES = "/admin/dispatch_app/dispatchenvelope/"
@@ -102,7 +104,10 @@ def test_retry_now_goes_through_the_outbox(client):
     stuck = job("delivery", "queued", dispatched_ago=3600)
     envelope(stuck, "dispatched", dispatched_ago=3600)
     client.force_login(staff("retrier", *VIEW, "dispatch_app.retry_job"))
-    client.post(JOBS, {"action": "retry_now", "_selected_action": [backing_off.pk, stuck.pk]}, follow=True)
+    selected = {"action": "retry_now", "_selected_action": [backing_off.pk, stuck.pk]}
+    client.post(JOBS, selected, follow=True)  # the confirmation page: nothing changes yet
+    assert Job.objects.get(pk=stuck.pk).attempt == 1
+    client.post(JOBS, {**selected, "confirmed": "yes"}, follow=True)
 
     env.refresh_from_db()
     assert env.status == "pending" and env.send_attempts == 2
@@ -161,13 +166,35 @@ def test_rearm_is_refused_when_the_job_moved_on(client):
 
 
 @pytest.mark.django_db
-def test_timeline_shows_every_stage_and_each_recovery_decision_with_its_reason(client):
+def test_timeline_shows_each_attempt_with_its_own_stages_and_each_recovery_decision(client):
     j = job("delivery", "succeeded", attempt=2, submitted_ago=600, dispatched_ago=590, started_ago=100, finished_ago=40)
+    # Attempt 1 started on a worker that died; recovery re-dispatched it as attempt 2 after a 30 s backoff.
+    attempt_row(
+        j,
+        1,
+        created_ago=600,
+        dispatched_ago=590,
+        started_ago=500,
+        finished_ago=200,
+        outcome="superseded",
+        worker="host-a.17",
+    )
+    attempt_row(
+        j,
+        2,
+        created_ago=200,
+        due_ago=170,
+        dispatched_ago=150,
+        started_ago=100,
+        finished_ago=40,
+        outcome="succeeded",
+        worker="host-b.4",
+    )
     envelope(j, "dispatched", attempt=1, created_ago=600, dispatched_ago=590, send_attempts=2, last_error="")
     envelope(j, "dispatched", attempt=2, created_ago=200, dispatched_ago=150)
     JobEvent.objects.create(job=j, attempt=1, kind="send_failed", reason="ConnectionError: redis down")
     JobEvent.objects.create(
-        job=j, attempt=1, kind="recovery_redispatch", reason="queued for 300 s with no RQ job", data={"next_attempt": 2}
+        job=j, attempt=1, kind="recovery_redispatch", reason="running on a dead worker", data={"next_attempt": 2}
     )
     JobEvent.objects.create(job=j, attempt=2, kind="recovery_left_alone", reason="worker heartbeat is fresh")
     RecoveryRound.objects.create(domain="delivery", scanned=1, redispatched=1)
@@ -178,21 +205,87 @@ def test_timeline_shows_every_stage_and_each_recovery_decision_with_its_reason(c
         "submitted",
         "attempt 1: envelope created",
         "attempt 1: dispatched to RQ",
-        "attempt 2: envelope created",
+        "attempt 1: started on host-a.17",  # the earlier attempt's start stays on the page
+        "attempt 1: superseded by attempt 2",
+        "attempt 2: created",
+        "attempt 2: due (backoff over)",
         "attempt 2: dispatched to RQ",
-        "dispatched (first)",
-        "started (attempt 2)",
-        "finished: succeeded",
-        "recovery_redispatch",
-        "queued for 300 s with no RQ job",
+        "attempt 2: started on host-b.4",
+        "attempt 2: finished: succeeded",
+        "replaced by recovery_redispatch: running on a dead worker",
         "recovery_left_alone",
         "worker heartbeat is fresh",
         "ConnectionError: redis down",
-        "outbox (submitted → dispatched)",
+        "backoff (created → due)",
+        "outbox (due → dispatched)",
         "RQ queue (dispatched → started)",
         "worker (started → finished)",
     ):
         assert text in page, text
-    # Time in each stage from the database timestamps: 10 s in the outbox, 490 s in the queue, 60 s running.
-    assert "10.0 s" in page and "8.2 min" in page and "60.0 s" in page
+
+    def stage_times(attempt: int) -> list[str]:
+        section = page.split(f'id="pf-attempt-{attempt}"')[1].split("</table>")[0]
+        return [
+            re.sub(r"<[^>]+>", "", cell).strip()
+            for cell in re.findall(r"<tr class=\"pf-stage-\w+\">.*?</tr>", section, re.S)
+            for cell in [cell.split("<td>")[-1]]
+        ]
+
+    # Each attempt's stages from its own timestamps; never "dispatched first → started last" (490 s = 8.2 min).
+    assert stage_times(1) == ["–", "10.0 s", "90.0 s", "5.0 min (cut short: superseded)"]
+    assert stage_times(2) == ["30.0 s", "20.0 s", "50.0 s", "60.0 s"]
+    assert "8.2 min" not in page
     assert '<strong id="pf-stage">finished</strong>' in page
+
+
+@pytest.mark.django_db
+def test_timeline_shows_the_exception_class_and_a_collapsible_traceback_per_attempt(client):
+    j = job("image_series", "failed", submitted_ago=60, started_ago=50, finished_ago=40)
+    error = (
+        "dispatch_app.providers.ProviderError: vendor said 503\n\n"
+        'Traceback (most recent call last):\n  File "dispatch_app/worker.py", line 1, in execute\nProviderError'
+    )
+    attempt_row(j, 1, created_ago=60, dispatched_ago=55, started_ago=50, finished_ago=40, outcome="failed", error=error)
+    client.force_login(staff("viewer", *VIEW))
+    page = client.get(timeline_url(j.pk)).content.decode()
+    assert '<strong class="pf-error-class">dispatch_app.providers.ProviderError</strong>: vendor said 503' in page
+    assert '<details class="pf-traceback"><summary>traceback</summary><pre>Traceback (most recent call last):' in page
+
+
+@pytest.mark.django_db
+def test_the_job_list_shows_the_current_attempts_stages(client):
+    retried = job("delivery", "running", attempt=2, submitted_ago=900, dispatched_ago=890, started_ago=30)
+    attempt_row(retried, 1, created_ago=900, dispatched_ago=890, finished_ago=200, outcome="superseded")
+    attempt_row(retried, 2, created_ago=200, due_ago=100, dispatched_ago=95, started_ago=30)
+    backing_off = job("delivery", "submitted", attempt=2, submitted_ago=900)
+    attempt_row(backing_off, 1, created_ago=900, dispatched_ago=899, finished_ago=60, outcome="superseded")
+    attempt_row(backing_off, 2, created_ago=60, due_ago=-600)
+    client.force_login(staff("viewer", *VIEW))
+    page = client.get(JOBS).content.decode()
+
+    def row(job_row):
+        html = page.split(f"/job/{job_row.pk}/timeline/")[0].rsplit("<tr", 1)[1]
+        return [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<t[dh][^>]*>.*?</t[dh]>", html, re.S)]
+
+    # id, domain, status, waiting in, attempt, age, backoff, outbox, RQ queue, worker
+    cells = row(retried)
+    assert cells[3] == "worker" and cells[6:9] == ["100.0 s", "5.0 s", "65.0 s"]
+    assert cells[9].endswith("so far") and "14.8 min" not in page  # not first dispatch -> this start
+    cells = row(backing_off)
+    assert cells[3] == "backoff" and cells[6].endswith("so far") and cells[7] == "–"
+
+
+@pytest.mark.django_db
+def test_searching_a_number_finds_that_job_only(client):
+    five = None
+    for _ in range(6):
+        five = job("delivery", "succeeded")
+    others = [job("image_series", "running") for _ in range(3)]
+    for index, other in enumerate(others):
+        Job.objects.filter(pk=other.pk).update(vendor_request_id=f"req-{five.pk}{index}")
+    client.force_login(staff("viewer", *VIEW))
+    page = client.get(JOBS, {"q": str(five.pk)}).content.decode()
+    assert f"/job/{five.pk}/timeline/" in page
+    assert not any(f"/job/{other.pk}/timeline/" in page for other in others)
+    page = client.get(JOBS, {"q": f"req-{five.pk}"}).content.decode()  # text still searches vendor request ids
+    assert all(f"/job/{other.pk}/timeline/" in page for other in others)

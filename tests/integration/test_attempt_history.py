@@ -62,8 +62,9 @@ def test_a_redispatch_closes_the_old_attempt_and_never_rewrites_it(redis_conn, p
     drain()
     with transaction.atomic(), connection.cursor() as cursor:
         # A worker started attempt 1 and died: the job is running on nobody.
-        cursor.execute("UPDATE dispatch_app_job SET status = 'running', started_at = clock_timestamp() WHERE id = %s",
-                       [job.pk])
+        cursor.execute(
+            "UPDATE dispatch_app_job SET status = 'running', started_at = clock_timestamp() WHERE id = %s", [job.pk]
+        )
     before = attempts(job)[1]
     assert before.started_at is not None and before.finished_at is None
 
@@ -139,8 +140,11 @@ def test_a_rearmed_dead_envelope_reopens_the_same_attempt(redis_conn):
 def test_the_dispatchers_mark_does_not_fire_the_job_row_trigger(redis_conn):
     """submitted→queued is left to the envelope trigger, so the mark pays no per-row function call."""
     job = submit("delivery", PAYLOADS["delivery"])
-    sql("INSERT INTO dispatch_app_jobattempt (job_id, attempt, domain, created_at, worker, outcome, error) "
-        "VALUES (%s, 1, 'delivery', clock_timestamp(), 'marker', '', '')", [job.pk])
+    sql(
+        "INSERT INTO dispatch_app_jobattempt (job_id, attempt, domain, created_at, worker, outcome, error) "
+        "VALUES (%s, 1, 'delivery', clock_timestamp(), 'marker', '', '')",
+        [job.pk],
+    )
     sql("UPDATE dispatch_app_job SET status = 'queued' WHERE id = %s", [job.pk])
     row = attempts(job)[1]
     assert row.worker == "marker" and row.dispatched_at is None and row.outcome == ""

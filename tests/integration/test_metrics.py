@@ -82,7 +82,7 @@ def test_each_metric_has_the_right_value_after_a_known_sequence(redis_conn):
         bad = {"host": "/nonexistent-socket-dir", "dbname": "x", "user": "x", "connect_timeout": 1}
         Listener(conf, Wake(), stop, conninfo=bad, observer=FanOut(metrics, StopOnReconnect(stop))).run()
         # 6. Gauges and decisions read from the database at scrape time.
-        envelope(job("image_series", "submitted", updated_ago=700), "pending", created_ago=600)
+        envelope(job("image_series", "submitted", updated_ago=700, submitted_ago=700), "pending", created_ago=600)
         RecoveryRound.objects.create(domain="delivery", scanned=5, redispatched=2, left_alone=2, unknown=1)
         RecoveryRound.objects.create(domain="delivery", scanned=1, redispatched=1)  # unfinished: not yet counted
         RecoveryRound.objects.filter(scanned=5).update(finished_at="2030-01-01T00:00:00Z")
@@ -114,6 +114,7 @@ def test_each_metric_has_the_right_value_after_a_known_sequence(redis_conn):
     assert value("productflow_oldest_candidate_age_seconds", domain="image_series") == pytest.approx(700, abs=5)
     assert value("productflow_jobs", domain="image_series", status="submitted") == 1
     assert value("productflow_envelopes", domain="image_series", status="pending") == 1
+    assert value("productflow_envelopes", domain="retired", status="dead") == 1  # no longer registered: still counted
     assert value("productflow_recovery_decisions_total", domain="delivery", kind="redispatched") == 2
     assert value("productflow_recovery_decisions_total", domain="delivery", kind="unknown") == 1
     assert value("productflow_recovery_decisions_total", domain="delivery", kind="left_alone") == 2

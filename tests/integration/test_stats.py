@@ -31,14 +31,14 @@ def run_json() -> dict:
 
 
 def test_dispatchstats_json_equals_the_constructed_truth():
-    # --- backlog and the oldest recovery candidate (updated_at) -------------
+    # --- backlog and the oldest recovery candidate (time in the current stage, not updated_at) ----
     waiting = job("delivery", "submitted", updated_ago=100)
     envelope(waiting, "pending", created_ago=100)
     job("delivery", "queued", updated_ago=400, submitted_ago=450, dispatched_ago=420)
     job("delivery", "running", updated_ago=50)
     job("delivery", "succeeded", updated_ago=9999)  # finished: not a candidate, not backlog
     # A backoff (tried once, due later) counts as waiting; a never-tried one scheduled for later does not.
-    retrying = job("workflow", "submitted", updated_ago=30)
+    retrying = job("workflow", "submitted", updated_ago=30, submitted_ago=250)
     envelope(retrying, "pending", created_ago=250, available_ago=-60, send_attempts=1, last_error="boom")
     scheduled = job("workflow", "submitted", updated_ago=10)
     envelope(scheduled, "pending", created_ago=900, available_ago=-600)
@@ -94,13 +94,13 @@ def test_dispatchstats_json_equals_the_constructed_truth():
 
     delivery = domains["delivery"]
     assert delivery["backlog"] == {"submitted": 1, "queued": 1, "running": 1}
-    assert delivery["oldest_candidate_age"] == age(400)
+    assert delivery["oldest_candidate_age"] == age(420)  # the queued job, dispatched 420 s ago
     assert delivery["envelopes"]["pending"] == 1 and delivery["envelopes"]["due"] == 1
     assert delivery["envelopes"]["oldest_pending_age"] == age(100)
 
     workflow = domains["workflow"]
     assert workflow["envelopes"] == {"pending": 2, "due": 0, "dead": 0, "oldest_pending_age": age(250)}
-    assert workflow["oldest_candidate_age"] == age(30)
+    assert workflow["oldest_candidate_age"] == age(250)  # in the outbox since its submit, touched or not
     assert domains["agent"]["envelopes"]["dead"] == 1
     assert domains["agent"]["backlog"] == {"submitted": 0, "queued": 0, "running": 0}
     assert domains["agent"]["oldest_candidate_age"] is None

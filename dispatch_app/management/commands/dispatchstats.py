@@ -17,44 +17,69 @@ def _pcts(latency: dict) -> str:
     return "/".join(fmt(latency[k]) for k in ("p50", "p95", "p99"))
 
 
-def render(snap: dict) -> str:
-    lines = [f"database clock {snap['generated_at']}  NOTIFY queue usage {snap['notification_queue_usage']}", ""]
-    head = (
-        f"{'domain':<13}"
-        + "".join(f"{s:>10}" for s in ACTIVE_STATUSES)
-        + f"{'pend/due/dead':>15}{'oldest env':>12}{'oldest cand':>12}{'rate 1h':>9}"
-    )
-    lines.append(head)
-    rows = [*snap["domains"].items(), ("TOTAL", None)]
-    for domain, d in rows:
-        if d is None:
-            t = snap["totals"]
-            env = t["envelopes"]
-            lines.append(
-                f"{domain:<13}"
-                + "".join(f"{t['backlog'][s]:>10}" for s in ACTIVE_STATUSES)
-                + f"{env['pending']}/{env['due']}/{env['dead']:>}".rjust(15)
-                + f"{fmt(t['oldest_pending_age']):>12}"
-            )
-            continue
-        env, rate = d["envelopes"], d["recovery"]["effective_rate"]
-        lines.append(
-            f"{domain:<13}"
-            + "".join(f"{d['backlog'][s]:>10}" for s in ACTIVE_STATUSES)
-            + f"{env['pending']}/{env['due']}/{env['dead']}".rjust(15)
-            + f"{fmt(env['oldest_pending_age']):>12}{fmt(d['oldest_candidate_age']):>12}"
-            + ("-" if rate is None else f"{rate * 100:.0f}%").rjust(9)
+def table(rows: list[list[str]], *, indent: str = "") -> list[str]:
+    """Columns sized to their widest cell and two spaces apart, so no two ever run together.
+
+    The first column is left-aligned (names), the others right-aligned (numbers).
+    """
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent
+        + "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
-    lines += ["", "dispatch latency p50/p95/p99 (n)"]
-    lines.append(f"{'domain':<13}{'outbox 5m':>28}{'outbox 60m':>28}{'RQ queue 5m':>28}{'RQ queue 60m':>28}")
+        for row in rows
+    ]
+
+
+def queue_usage(value: float | None) -> str:
+    """pg_notification_queue_usage() as a percentage with fixed digits (not 0.0000028610229492187)."""
+    return "-" if value is None else f"{value * 100:.3f}%"
+
+
+def render(snap: dict) -> str:
+    lines = [
+        f"database clock {snap['generated_at']}  NOTIFY queue usage {queue_usage(snap['notification_queue_usage'])}",
+        "",
+    ]
+    rows = [["domain", *ACTIVE_STATUSES, "pend/due/dead", "oldest env", "oldest cand", "rate 1h"]]
+    for domain, d in snap["domains"].items():
+        env, rate = d["envelopes"], d["recovery"]["effective_rate"]
+        rows.append(
+            [
+                domain if d.get("registered", True) else f"{domain} (unregistered)",
+                *(str(d["backlog"][s]) for s in ACTIVE_STATUSES),
+                f"{env['pending']}/{env['due']}/{env['dead']}",
+                fmt(env["oldest_pending_age"]),
+                fmt(d["oldest_candidate_age"]),
+                "-" if rate is None else f"{rate * 100:.0f}%",
+            ]
+        )
+    t = snap["totals"]
+    env = t["envelopes"]
+    rows.append(
+        [
+            "TOTAL",
+            *(str(t["backlog"][s]) for s in ACTIVE_STATUSES),
+            f"{env['pending']}/{env['due']}/{env['dead']}",
+            fmt(t["oldest_pending_age"]),
+            "",
+            "",
+        ]
+    )
+    lines += table(rows)
+    lines += ["", "dispatch latency per attempt p50/p95/p99 (n); outbox = due -> dispatched, backoff apart"]
+    stages = (("submitted_to_dispatched", "outbox"), ("dispatched_to_started", "RQ queue"), ("backoff", "backoff"))
+    rows = [["domain", *(f"{name} {window}" for _, name in stages for window in ("5m", "60m"))]]
     for domain in ("all", *snap["domains"]):
         lat = snap["totals"]["latency"] if domain == "all" else snap["domains"][domain]["latency"]
         cells = []
-        for stage in ("submitted_to_dispatched", "dispatched_to_started"):
+        for key, _ in stages:
             for window in ("5m", "60m"):
-                value = lat[window][stage]
+                value = lat[window].get(key) or {"count": 0}
                 cells.append(f"{_pcts(value)} ({value['count']})")
-        lines.append(f"{domain:<13}" + "".join(f"{c:>28}" for c in (cells[0], cells[1], cells[2], cells[3])))
+        rows.append([domain, *cells])
+    lines += table(rows)
     lines += ["", "last recovery rounds"]
     for domain, d in snap["domains"].items():
         for r in d["recovery"]["rounds"]:
@@ -81,8 +106,12 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output (the same numbers)")
 
     def handle(self, *args, **options):
+        from dispatch_app.rqworker import health
+
         snap = stats.snapshot()
+        snap["workers"] = health.snapshot()
         if options["json"]:
             self.stdout.write(json.dumps(snap, indent=2, sort_keys=True))
         else:
             self.stdout.write(render(snap))
+            self.stdout.write("\n".join(["", *health.render(snap["workers"])]))
