@@ -139,3 +139,70 @@ def test_rundispatcher_assembly_serves_metrics_on_localhost_only():
         supervisor.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_outcomes_rq_waits_rq_side_and_pauses_are_exported(redis_conn):
+    """Issue 12's metrics through a real registry: attempts ending after the collector started are counted once."""
+    from prometheus_client import CollectorRegistry
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from dispatch_app.models import JobAttempt
+    from dispatch_app.ops import actions
+    from dispatch_app.ops.metrics import OperatorCollector
+    from tests.integration.opsdata import ago, sql
+
+    registry = CollectorRegistry()
+    collector = OperatorCollector(lag_seconds=0)
+    registry.register(collector)
+
+    def ended(domain, outcome, *, dispatched_ago, started_ago):
+        j = job(domain, "queued")
+        a = JobAttempt.objects.create(job=j, attempt=1, domain=domain)
+        sets = [f"finished_at = {ago(0)}", f"outcome = '{outcome}'"]
+        if dispatched_ago is not None:
+            sets.append(f"dispatched_at = {ago(dispatched_ago)}")
+        if started_ago is not None:
+            sets.append(f"started_at = {ago(started_ago)}")
+        sql(f"UPDATE dispatch_app_jobattempt SET {', '.join(sets)} WHERE id = %s", [a.pk])
+
+    ended("image_series", "failed", dispatched_ago=10, started_ago=9.98)  # 20 ms in RQ
+    ended("image_series", "succeeded", dispatched_ago=100, started_ago=45)  # 55 s in RQ
+    ended("image_series", "superseded", dispatched_ago=5, started_ago=4.7)  # a retried attempt: a wait, no outcome
+    ended("agent", "outcome_unknown", dispatched_ago=None, started_ago=None)  # never started: no wait
+    actions.pause_domain("delivery")
+    queue = Queue("workflow", connection=redis_conn, serializer=JSONSerializer)
+    for i in (1, 2):
+        queue.enqueue("dispatch_app.worker.execute", "workflow", i, 1, job_id=f"pf-{900 + i}-1")
+
+    def scrape():
+        out = {}
+        for family in registry.collect():
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    m = scrape()
+    assert m[("productflow_job_outcomes_total", (("domain", "image_series"), ("outcome", "failed")))] == 1
+    assert m[("productflow_job_outcomes_total", (("domain", "image_series"), ("outcome", "succeeded")))] == 1
+    assert m[("productflow_job_outcomes_total", (("domain", "agent"), ("outcome", "outcome_unknown")))] == 1
+    assert m[("productflow_job_outcomes_total", (("domain", "delivery"), ("outcome", "failed")))] == 0
+    wait = {k[1]: v for k, v in m.items() if k[0].startswith("productflow_rq_queue_wait_seconds")}
+    assert m[("productflow_rq_queue_wait_seconds_count", (("domain", "image_series"),))] == 3, wait
+    assert m[("productflow_rq_queue_wait_seconds_bucket", (("domain", "image_series"), ("le", "0.025")))] == 1
+    assert m[("productflow_rq_queue_wait_seconds_bucket", (("domain", "image_series"), ("le", "0.5")))] == 2
+    assert m[("productflow_rq_queue_wait_seconds_bucket", (("domain", "image_series"), ("le", "30.0")))] == 2
+    assert m[("productflow_rq_queue_wait_seconds_bucket", (("domain", "image_series"), ("le", "60.0")))] == 3
+    assert m[("productflow_rq_queue_wait_seconds_sum", (("domain", "image_series"),))] == pytest.approx(55.32, abs=0.05)
+    assert m[("productflow_rq_queue_wait_seconds_count", (("domain", "agent"),))] == 0, wait
+    assert m[("productflow_domain_paused", (("domain", "delivery"),))] == 1
+    assert m[("productflow_domain_paused", (("domain", "workflow"),))] == 0
+    assert m[("productflow_rq_queue_depth", (("queue", "workflow"),))] == 2
+    assert m[("productflow_rq_live_workers", (("queue", "workflow"),))] == 0
+    assert m[("productflow_rq_oldest_job_age_seconds", (("queue", "workflow"),))] == 0  # never dispatched by us
+    assert m[("productflow_rq_up", ())] == 1
+
+    # A second scrape counts nothing twice.
+    m = scrape()
+    assert m[("productflow_job_outcomes_total", (("domain", "image_series"), ("outcome", "failed")))] == 1
+    assert m[("productflow_rq_queue_wait_seconds_count", (("domain", "image_series"),))] == 3, wait
