@@ -122,6 +122,30 @@ def _since(field: str):
     return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
 
 
+def _rq_state(data):
+    """The RQ side of a queued or running job: its place in its queue, or whether the worker running it lives."""
+    from dispatch_app.domains import REGISTRY
+    from dispatch_app.ops import rqside
+
+    job = data.job
+    if job.status not in ("submitted", "queued", "running") or job.domain not in REGISTRY:
+        return None
+    if job.status == "submitted" and job.dispatched_at is None:
+        return None  # still in the outbox: nothing in Redis yet
+    state = rqside.job_state(job.pk, job.attempt, REGISTRY[job.domain].queue)
+    if job.status == "running" and not state.worker and not state.error:
+        # No RQ hash names a worker: fall back on the one the attempt's start recorded.
+        recorded = next((v.attempt.worker for v in getattr(data, "attempts", []) if v.current), "")
+        if recorded:
+            info = rqside.read_workers(rqside.redis_conn(), [recorded])[recorded]
+            state.worker, state.worker_alive, state.worker_dead_reason = recorded, info.alive, info.dead_reason
+            state.last_heartbeat = info.last_heartbeat
+    dead_for = None
+    if state.worker_alive is False and state.last_heartbeat is not None:
+        dead_for = max((data.now - state.last_heartbeat).total_seconds(), 0.0)
+    return {**state.__dict__, "dead_for": dead_for}
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows change only through the outbox actions below, never through a form."""
 
@@ -284,6 +308,7 @@ class JobAdmin(ReadOnlyAdmin):
             "timeline": data,
             "entries": [(e, format_duration(e.until_next)) for e in data.entries],
             "stages": [(s, format_duration(s.duration)) for s in data.stages],
+            "rq_state": _rq_state(data),
         }
         return TemplateResponse(request, "admin/dispatch_app/timeline.html", context)
 

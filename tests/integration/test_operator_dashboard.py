@@ -254,3 +254,26 @@ def test_cancel_and_rearm_write_the_admin_log(client):
     messages = set(LogEntry.objects.values_list("change_message", flat=True))
     assert messages == {"Cancelled (was submitted)", "Re-armed (back to pending)"}
     assert "Recent actions" in client.get("/admin/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_timeline_shows_a_queued_jobs_place_and_a_running_jobs_dead_worker(client, redis_conn):
+    queued = []
+    for _ in range(3):
+        j = job("delivery", "queued", dispatched_ago=60)
+        enqueue(redis_conn, "delivery", j.pk)
+        queued.append(j)
+    running = job("agent", "running", dispatched_ago=120, started_ago=100)
+    rq_job = enqueue(redis_conn, "agent", running.pk)
+    redis_conn.lrem("rq:queue:agent", 0, rq_job.id)
+    w = worker(redis_conn, "agent", name="w-killed")
+    w.prepare_job_execution(rq_job)
+    client.force_login(staff("viewer", *VIEW))
+
+    page = client.get(f"{JOBS}{queued[2].pk}/timeline/").content.decode()
+    assert 'id="pf-rq-position">3</strong> of 3' in page and "0 live workers serve it" in page
+    page = client.get(f"{JOBS}{running.pk}/timeline/").content.decode()
+    assert "Running on worker <strong>w-killed</strong>" in page
+    redis_conn.delete(w.key)  # killed: its hash outlives it only until its TTL
+    page = client.get(f"{JOBS}{running.pk}/timeline/").content.decode()
+    assert "Its worker w-killed is DEAD" in page and "last sign of life" in page
