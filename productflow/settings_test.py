@@ -22,4 +22,8 @@ if not os.environ.get("PRODUCTFLOW_KEEP_REDIS_DB"):
 for _queue in RQ_QUEUES.values():
     _queue["URL"] = REDIS_URL
 
+# Tests run with DEBUG off and usually no collectstatic: look into STATIC_ROOT per request (no start-up warning
+# about a missing folder); a test that collects into a temp STATIC_ROOT is served from it.
+WHITENOISE_AUTOREFRESH = True
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

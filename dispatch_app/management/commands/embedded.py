@@ -17,9 +17,13 @@ class Command(BaseCommand):
         from productflow import embedded
 
         if options["action"] == "status":
+            # Reports, never starts: loading settings for this command starts neither server.
+            postgres, redis = embedded.running_postgres_url(), embedded.running_redis_url()
             self.stdout.write(f"folder:   {embedded.EMBEDDED_DIR}")
-            self.stdout.write(f"database: {settings.DATABASES['default']['NAME']} via {settings.DATABASE_URL}")
-            self.stdout.write(f"redis:    {settings.REDIS_URL}")
+            self.stdout.write(f"postgres: {'running at ' + postgres if postgres else 'stopped'}")
+            self.stdout.write(f"redis:    {'running at ' + redis if redis else 'stopped'}")
+            if settings.EMBEDDED_IN_USE:
+                self.stdout.write("this checkout uses them: DATABASE_URL / REDIS_URL are unset")
             return
         stopped = embedded.stop()
         self.stdout.write(f"stopped: {', '.join(stopped) or 'nothing was running'}")

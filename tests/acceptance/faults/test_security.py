@@ -6,7 +6,9 @@
 - The admin and its actions need staff plus the specific permissions; an
   action changes state only through the outbox (nothing is pushed to Redis).
 - ``check --deploy`` is clean in production mode; production refuses to start
-  without SECRET_KEY or with DEBUG on; nothing secret is committed.
+  without SECRET_KEY, with DEBUG on, or without DATABASE_URL / REDIS_URL (no
+  embedded servers); with DEBUG off the admin's static files are served after
+  collectstatic (WhiteNoise); nothing secret is committed.
 - Every management command rejects bad arguments with a clear message and exit
   code 2; ``submit`` rejects bad input and writes nothing.
 - TLS and auth for PostgreSQL and Redis come through the URLs.
@@ -135,7 +137,9 @@ def test_admin_needs_staff_and_the_specific_permission_and_acts_through_the_outb
 
 
 # --- production settings -----------------------------------------------------
-def _manage(env_overrides: dict, *args: str, drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _manage(
+    env_overrides: dict, *args: str, drop: tuple[str, ...] = (), unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     import os
 
     env = dict(os.environ)
@@ -148,6 +152,8 @@ def _manage(env_overrides: dict, *args: str, drop: tuple[str, ...] = ()) -> subp
         REDIS_URL="redis://redis.example.invalid:6379/0",
     )
     env.update(env_overrides)
+    for name in unset:
+        env.pop(name, None)
     return subprocess.run(
         [PYTHON, MANAGE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
     )
@@ -178,6 +184,75 @@ def test_production_refuses_to_start_unsafe(overrides, message):
     result = _manage({**PRODUCTION, **overrides}, "check")
     assert result.returncode != 0
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("unset", "message"),
+    [
+        (("DATABASE_URL",), "DATABASE_URL must be set when PRODUCTFLOW_ENV=production"),
+        (("REDIS_URL",), "REDIS_URL must be set when PRODUCTFLOW_ENV=production"),
+        (("DATABASE_URL", "REDIS_URL"), "DATABASE_URL and REDIS_URL must be set when PRODUCTFLOW_ENV=production"),
+    ],
+    ids=["no-database-url", "no-redis-url", "neither"],
+)
+def test_production_refuses_the_embedded_servers(tmp_path, unset, message):
+    embedded_dir = tmp_path / "embedded"
+    env = {**PRODUCTION, "SECRET_KEY": secrets.token_urlsafe(50), "PRODUCTFLOW_EMBEDDED_DIR": str(embedded_dir)}
+    result = _manage(env, "check", unset=unset)
+    assert result.returncode != 0
+    assert message in result.stderr and "for development only" in result.stderr
+    assert not embedded_dir.exists()  # refused before anything was started
+
+
+SERVE_LOGIN_AND_ITS_CSS = r"""
+import json, re, sys
+from io import BytesIO
+from productflow.wsgi import application
+
+def get(path):
+    status = {}
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "example.com",
+               "SERVER_PORT": "443", "HTTP_HOST": "example.com", "wsgi.url_scheme": "https",
+               "wsgi.input": BytesIO(), "wsgi.errors": sys.stderr, "SERVER_PROTOCOL": "HTTP/1.1"}
+    body = b"".join(application(environ, lambda s, headers, exc=None: status.update(s=s, h=dict(headers))))
+    return status["s"], status["h"], body
+
+status, _, page = get("/admin/login/")
+assert status.startswith("200"), status
+css = re.search(rb'href="(/static/admin/css/base\.[0-9a-f]{12}\.css)"', page).group(1).decode()
+status, headers, body = get(css)
+print(json.dumps([status, headers.get("Content-Type"), headers.get("Cache-Control"), len(body)]))
+"""
+
+
+def test_with_debug_off_the_admin_static_files_are_served_after_collectstatic(tmp_path):
+    static_root = tmp_path / "static"
+    env = {**PRODUCTION, "SECRET_KEY": secrets.token_urlsafe(50), "STATIC_ROOT": str(static_root)}
+    collected = _manage(env, "collectstatic", "--noinput")
+    assert collected.returncode == 0, collected.stderr
+    assert (static_root / "staticfiles.json").exists()  # the manifest of hashed names the pages link to
+
+    import os
+
+    served = subprocess.run(
+        [PYTHON, "-c", SERVE_LOGIN_AND_ITS_CSS],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("DEBUG", "ALLOWED_HOSTS")},
+            "DJANGO_SETTINGS_MODULE": "productflow.settings",
+            "DATABASE_URL": "postgresql://pf@db.example.invalid:5432/productflow",
+            "REDIS_URL": "redis://redis.example.invalid:6379/0",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 0, served.stderr
+    status, content_type, cache_control, size = json.loads(served.stdout.strip().splitlines()[-1])
+    assert status == "200 OK" and content_type.startswith("text/css")
+    assert "immutable" in cache_control  # a hashed name: cacheable forever
+    assert size > 1000
 
 
 # --- committed secrets ---------------------------------------------------------
