@@ -277,3 +277,28 @@ def test_the_timeline_shows_a_queued_jobs_place_and_a_running_jobs_dead_worker(c
     redis_conn.delete(w.key)  # killed: its hash outlives it only until its TTL
     page = client.get(f"{JOBS}{running.pk}/timeline/").content.decode()
     assert "Its worker w-killed is DEAD" in page and "last sign of life" in page
+
+
+@pytest.mark.django_db
+def test_dispatchstats_prints_the_alarms_the_rq_side_and_failures(redis_conn):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    j = job("delivery", "queued", dispatched_ago=30)
+    envelope(j, "dispatched", created_ago=31, dispatched_ago=30)
+    enqueue(redis_conn, "delivery", j.pk)
+    actions.pause_domain("agent", reason="vendor incident")
+    out = io.StringIO()
+    call_command("dispatchstats", stdout=out)
+    text = out.getvalue()
+    assert "ERROR: delivery: 1 job(s) waiting in RQ queue delivery" in text
+    assert "WARNING: agent: dispatch paused" in text
+    row = next(line for line in text.splitlines() if line.startswith("delivery ") and "running" in line)
+    assert row.split()[1:5] == ["delivery", "1", "0", "(!)"]
+    assert "PAUSED" in next(line for line in text.splitlines() if line.startswith("agent ") and "PAUSED" in line)
+    out = io.StringIO()
+    call_command("dispatchstats", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["domains"]["delivery"]["rq"]["depth"] == 1 and data["paused"]["agent"]["reason"] == "vendor incident"

@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand
 
 from dispatch_app.models import ACTIVE_STATUSES
-from dispatch_app.ops import stats
+from dispatch_app.ops import board
 from dispatch_app.ops.timeline import format_duration as fmt
 
 
@@ -35,6 +35,55 @@ def table(rows: list[list[str]], *, indent: str = "") -> list[str]:
 def queue_usage(value: float | None) -> str:
     """pg_notification_queue_usage() as a percentage with fixed digits (not 0.0000028610229492187)."""
     return "-" if value is None else f"{value * 100:.3f}%"
+
+
+def rq_side(snap: dict) -> list[str]:
+    """The dashboard's alarms, the RQ side and the failures (ops.board), when the snapshot has them."""
+    if "rq" not in snap:
+        return []
+    lines = ["", "alarms"] + [f"  {b['level'].upper()}: {b['text']}" for b in snap["banners"]]
+    if not snap["banners"]:
+        lines.append("  none")
+    if snap["rq"]["error"]:
+        lines += ["", f"RQ side: Redis could not be read: {snap['rq']['error']}"]
+    rows = [
+        [
+            "domain",
+            "queue",
+            "in RQ",
+            "live workers",
+            "oldest in RQ",
+            "started/min",
+            "finished/min",
+            "failed 5m/1h",
+            "unknown 5m/1h",
+            "fail rate 5m/1h",
+            "dispatch",
+        ]
+    ]
+    for domain, d in snap["domains"].items():
+        rq, f, act = d.get("rq") or {}, d.get("failures") or {}, d.get("activity") or {}
+        f5, f60 = f.get("5m") or {}, f.get("60m") or {}
+
+        def rate(x):
+            return "-" if x.get("rate") is None else f"{x['rate'] * 100:.0f}%"
+
+        rows.append(
+            [
+                domain,
+                rq.get("queue", "-"),
+                str(rq.get("depth", "-")),
+                str(rq.get("live_workers", "-")) + (" (!)" if rq.get("live_workers") == 0 and rq.get("depth") else ""),
+                fmt(rq.get("oldest_wait")),
+                str(act.get("started_per_min", "-")),
+                str(act.get("finished_per_min", "-")),
+                f"{f5.get('failed', 0)}/{f60.get('failed', 0)}",
+                f"{f5.get('outcome_unknown', 0)}/{f60.get('outcome_unknown', 0)}",
+                f"{rate(f5)}/{rate(f60)}",
+                "PAUSED" if d.get("paused") else "running",
+            ]
+        )
+    return [*lines, "", "RQ side and failures"] + table(rows)
 
 
 def render(snap: dict) -> str:
@@ -87,6 +136,7 @@ def render(snap: dict) -> str:
                 f"  {domain:<13} {fmt(r['age'])} ago  scanned {r['scanned']}  effective {r['effective']}  "
                 f"has_more {'yes' if r['has_more'] else 'no'}" + (f"  error {r['error']}" if r["error"] else "")
             )
+    lines += rq_side(snap)
     lines += ["", "dispatchers"]
     if not snap["dispatchers"]:
         lines.append("  none running")
@@ -108,7 +158,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         from dispatch_app.rqworker import health
 
-        snap = stats.snapshot()
+        snap = board.build()  # the dashboard's data: stats plus the RQ side, failures, pauses, alarms
+        for d in snap["domains"].values():
+            d.pop("chart", None)
         snap["workers"] = health.snapshot()
         if options["json"]:
             self.stdout.write(json.dumps(snap, indent=2, sort_keys=True))
