@@ -28,6 +28,7 @@ from bench import Context, record, side_by_side
 from bench.cpu import CpuMeter, per_job_ms, pg_backend_pids
 from bench.private_redis import private_redis
 from bench.procs import Proc, one_shot
+from bench.profile import Profiler
 from bench.stats import rate, ratio
 from bench.workers import Workers
 
@@ -95,10 +96,14 @@ def _ours(ctx: Context, kind: str, count: int, per_s: float) -> dict:
                         components["redis"] = lambda: [redis_pid]
                     meter = CpuMeter(components)
                     meter.snapshot()
+                    pids = {"producer": producer.pid, "dispatcher": child.proc.pid, "worker": workers.pids[0]}
+                    profilers = [Profiler(pid, f"cpu-{kind}-{name}") for name, pid in pids.items()]
                     out = producer.run(60 + count / 20, count=count, rate=per_s)
                     ids = [int(k) for k in out["committed"]]
                     _wait(lambda: _finished(ids) >= len(ids), 30 + count / 20)
                     cpu = meter.delta()
+                    for profiler in profilers:
+                        profiler.stop()
                     done = _finished(ids)
                 finally:
                     producer.stop()
@@ -156,7 +161,8 @@ def _submit(ctx: Context, mode: str, count: int) -> dict:
     try:
         meter = CpuMeter({"postgres": _django_backends(env.settings_dict["NAME"])})
         meter.snapshot()
-        out = producer.run(60 + count / 20, count=count, rate=0, group=1)
+        with Profiler(producer.pid, f"cpu-{mode}"):
+            out = producer.run(60 + count / 20, count=count, rate=0, group=1)
         cpu = meter.delta()
     finally:
         producer.stop()

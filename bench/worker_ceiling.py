@@ -27,6 +27,7 @@ from bench import Context, record, side_by_side
 from bench.cpu import CpuMeter, per_job_ms, pg_backend_pids
 from bench.private_redis import private_redis
 from bench.procs import one_shot
+from bench.profile import Profiler
 from bench.stats import rate, ratio
 from bench.workers import Workers
 
@@ -134,6 +135,7 @@ def _rq_variant(ctx: Context, variant: str, count: int) -> dict:
             meter = CpuMeter(components)
             cmds0 = redis.info("stats")["total_commands_processed"]
             meter.snapshot()
+            profilers = [Profiler(pid, f"ceiling-{variant}") for pid in workers.pids]
             redis.rename(HOLD, key)
             if variant == "rq-noop":
                 done = _rq_done(redis, queue_name, count)
@@ -142,6 +144,8 @@ def _rq_variant(ctx: Context, variant: str, count: int) -> dict:
             if not wait_until(done, timeout=60 + count / 20, interval=0.05):
                 raise RuntimeError(f"{variant}: backlog not drained in time")
             cpu = meter.delta()
+            for profiler in profilers:
+                profiler.stop()
             cmds = redis.info("stats")["total_commands_processed"] - cmds0
         span = _rq_span(redis, ids) if variant == "rq-noop" else _db_span(first, last)
     metrics = {"jobs": count, "seconds": span, "rate_per_s": rate(count, span), "redis_cmds_per_job": cmds / count}
