@@ -2,8 +2,8 @@
 
 The RQ job id is derived from the envelope (job id + attempt), and each job is
 created by RQ's own create-if-absent Lua script (``rq.scripts``: the one behind
-``enqueue(..., unique=True)``): if the job hash exists, nothing is written and
-nothing is pushed. So a re-send (a dispatcher died between enqueue and mark, or
+``enqueue(..., unique=True)``), with one guard in front: if the job hash exists,
+nothing is written and nothing is pushed. So a re-send (a dispatcher died between enqueue and mark, or
 its lease ran out mid-send) is a no-op in Redis: a job a worker is running keeps
 its hash ("started" stays "started") and is not queued a second time. One
 pipeline per chunk, one round trip: the script is loaded at the head of the
@@ -27,12 +27,24 @@ from rq.job import JobStatus
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from rq.serializers import JSONSerializer
 
+from dispatch_app import failpoints
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.domains import REGISTRY
 
-CREATE_IF_ABSENT = UNIQUE_ENQUEUE_SCRIPT
+# The guard: a script is not rolled back when a command in it fails, so a push
+# that would fail (the queue key is not a list) must fail before the hash is
+# written; a hash left behind would make the re-send look like a sent job.
+CREATE_IF_ABSENT = (
+    """
+    local kind = redis.call("TYPE", KEYS[2])["ok"]
+    if kind ~= "list" and kind ~= "none" then
+        return redis.error_reply("WRONGTYPE queue key " .. KEYS[2] .. " holds a " .. kind .. ", not a list")
+    end
+"""
+    + UNIQUE_ENQUEUE_SCRIPT
+)
 # Redis names a loaded script by its SHA1 (an identifier, not a security use).
 CREATE_IF_ABSENT_SHA = hashlib.sha1(CREATE_IF_ABSENT.encode(), usedforsecurity=False).hexdigest()
 CREATED, EXISTED = 1, 0
@@ -128,6 +140,7 @@ class Publisher:
         return job
 
     def send(self, chunk: list[Claimed]) -> SendResult:
+        failpoints.hit("hold_send")  # a send outliving its lease (fault suite, scenario 33)
         pipe = self.connection.pipeline(transaction=False)
         pipe.execute_command("SCRIPT LOAD", CREATE_IF_ABSENT)
         setup = [0]  # reply positions of the chunk-wide commands

@@ -146,7 +146,13 @@ def blackhole():
 
 def hanging_env(subprocess_env, blackhole) -> dict:
     port = blackhole.getsockname()[1]
-    return dict(subprocess_env, REDIS_URL=f"redis://127.0.0.1:{port}/0", REDIS_SOCKET_TIMEOUT="120")
+    # The lease must outlast a send that may wait out those timeouts (conf.check_lease), or start-up refuses it.
+    return dict(
+        subprocess_env,
+        REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        REDIS_SOCKET_TIMEOUT="120",
+        DISPATCH_LEASE_SECONDS="1000",
+    )
 
 
 def test_a_second_signal_exits_at_once_while_a_send_hangs(subprocess_env, processes, blackhole):

@@ -84,3 +84,5 @@ def test_an_error_of_one_queue_counts_against_its_envelopes_only(redis_conn):
     assert {(e.status, e.send_attempts) for e in failed} == {("pending", 1)}
     assert all("WRONGTYPE" in e.last_error for e in failed)
     assert DispatchEnvelope.objects.filter(domain="delivery", status="dispatched").count() == 2
+    # Nothing of a failed job was written: its re-send is not taken for a sent job.
+    assert {redis_conn.hget(key, "origin") for key in redis_conn.keys("rq:job:pf-*")} == {b"delivery"}

@@ -112,3 +112,11 @@ def test_half_open_with_nothing_to_send_stays_half_open_until_a_probe_answers():
 def test_bad_backoff_is_refused():
     with pytest.raises(ValueError, match="base"):
         CircuitBreaker(base=0, cap=1)
+
+
+def test_a_hold_failpoint_stands_still_then_returns(monkeypatch):
+    from dispatch_app import failpoints
+
+    monkeypatch.setattr(failpoints, "ACTIVE", frozenset({"hold_here"}))
+    monkeypatch.setenv("PRODUCTFLOW_FAILPOINT_HOLD_SECONDS", "0")
+    failpoints.hit("hold_here")  # returns: a hold is a delay, not an error

@@ -19,6 +19,7 @@ import pytest
 
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
+from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
@@ -32,7 +33,11 @@ def test_redelivery_after_kill_is_a_recognised_duplicate(shared_stack, redis_con
     worker = stack.worker("delivery")
     ids = stack.submit(JOBS, prefix="s2")
 
-    doomed = stack.dispatcher("--lease", str(LEASE), "--batch-size", "100", PRODUCTFLOW_FAILPOINTS="kill_after_send")
+    # A lease this short needs Redis timeouts to match: rundispatcher refuses a lease shorter than a send.
+    timeouts = short_redis_timeouts(stack.redis_url, 0.5)
+    doomed = stack.dispatcher(
+        "--lease", str(LEASE), "--batch-size", "100", PRODUCTFLOW_FAILPOINTS="kill_after_send", **timeouts
+    )
     assert doomed.wait(timeout=30) == -signal.SIGKILL, doomed.output()
     killed_at = time.monotonic()
 
@@ -50,7 +55,7 @@ def test_redelivery_after_kill_is_a_recognised_duplicate(shared_stack, redis_con
     expired = ids[: JOBS // 2]
     assert redis_conn.delete(*[f"rq:job:pf-{job_id}-1" for job_id in expired]) == len(expired)
 
-    successor = stack.dispatcher("--lease", str(LEASE), "--batch-size", "100")
+    successor = stack.dispatcher("--lease", str(LEASE), "--batch-size", "100", **timeouts)
     stack.wait_all("dispatched", JOBS, timeout=30, what="envelopes")
     redelivered_after = time.monotonic() - killed_at
     wait_until(

@@ -21,6 +21,7 @@ import pytest
 
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
+from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -56,6 +57,7 @@ def test_listener_catch_up_after_a_gap_and_loops_survive_terminated_backends(pri
         PGAPPNAME=APP,
         DISPATCH_LISTEN_TIMEOUT=120,  # no idle ping: the listener's last query stays LISTEN
         DISPATCH_RECONNECT_BACKOFF_MAX=1,
+        **short_redis_timeouts(stack.redis_url, 0.5),  # a 2 s lease must outlast a send
     )
     wait_until(lambda: listener_backends(stack) == 1, timeout=30, message="the listener's LISTEN session")
     stack.submit(10, prefix="warm")  # also opens the submitter's connection, kept through the gap
@@ -91,7 +93,15 @@ def test_listener_catch_up_after_a_gap_and_loops_survive_terminated_backends(pri
 
     # --- every backend of the daemon, again and again -----------------------
     dispatcher = stack.dispatcher(
-        "--poll-interval", "1", "--lease", "2", "--batch-size", "20", PGAPPNAME=APP, DISPATCH_RECONNECT_BACKOFF_MAX=1
+        "--poll-interval",
+        "1",
+        "--lease",
+        "2",
+        "--batch-size",
+        "20",
+        PGAPPNAME=APP,
+        DISPATCH_RECONNECT_BACKOFF_MAX=1,
+        **short_redis_timeouts(stack.redis_url, 0.5),
     )
     wait_until(lambda: listener_backends(stack) == 1, timeout=30, message="the second dispatcher's listener")
     terminated = 0

@@ -16,6 +16,7 @@ import pytest
 
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
+from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -26,7 +27,14 @@ TICK = 30.0
 def test_daemon_survives_a_postgres_restart(private_stack, private_postgres):
     stack = private_stack
     dispatcher = stack.dispatcher(
-        "--poll-interval", str(TICK), "--lease", "2", "--batch-size", "50", DISPATCH_RECONNECT_BACKOFF_MAX=1
+        "--poll-interval",
+        str(TICK),
+        "--lease",
+        "2",
+        "--batch-size",
+        "50",
+        DISPATCH_RECONNECT_BACKOFF_MAX=1,
+        **short_redis_timeouts(stack.redis_url, 0.5),  # a 2 s lease must outlast a send
     )
     stack.submit(20, prefix="before")
     stack.wait_all("dispatched", 20, timeout=20, what="envelopes")

@@ -5,11 +5,12 @@
   with the reason, once, without retrying.
 - A domain no longer registered: the envelope is dead-lettered at its first
   send (a permanent error) with the reason; its job fails.
-- An envelope whose send keeps failing with an error that is not an outage
-  (a private Redis over its maxmemory refusing writes: ``OutOfMemoryError``):
-  dead after exactly MAX_SEND_ATTEMPTS, the reason kept, a ``send_failed`` event
-  per retry and an ``envelope_dead`` at the end. (An unreachable Redis is an
-  outage, never the envelope's fault: scenario 3 shows it never dead-letters.)
+- An envelope whose send keeps failing with an error of its own (its queue's
+  key in a private Redis holds a string, so its job's push is refused:
+  ``WRONGTYPE``): dead after exactly MAX_SEND_ATTEMPTS, the reason kept, a
+  ``send_failed`` event per retry and an ``envelope_dead`` at the end. Only
+  such errors count: Redis refusing as a whole (unreachable, OOM, READONLY) is
+  an outage that pauses dispatch and never dead-letters (scenarios 3, 12, 13).
 
 The rest of each batch goes through, and the dead letters are visible in the admin.
 """
@@ -84,8 +85,7 @@ def test_poison_is_dead_lettered_with_its_reason_and_the_batch_continues(shared_
 
 def test_unsendable_envelopes_are_dead_after_max_send_attempts(private_redis_stack, private_redis):
     stack = private_redis_stack
-    private_redis.client().config_set("maxmemory", 1)
-    private_redis.client().config_set("maxmemory-policy", "noeviction")
+    private_redis.client().set("rq:queue:delivery", "not a list")
     ids = stack.submit(5, prefix="unsendable")
     dispatcher = stack.dispatcher(
         "--poll-interval",
@@ -99,7 +99,8 @@ def test_unsendable_envelopes_are_dead_after_max_send_attempts(private_redis_sta
 
     rows = stack.sql("SELECT send_attempts, last_error FROM dispatch_app_dispatchenvelope")
     assert all(attempts == 3 for attempts, _ in rows), rows
-    assert all(error.startswith("OutOfMemoryError") and "maxmemory" in error for _, error in rows), rows
+    assert all(error.startswith("ResponseError: WRONGTYPE queue key rq:queue:delivery") for _, error in rows), rows
+    assert private_redis.client().keys("rq:job:*") == [], "a refused job left no hash behind"
     events = dict(stack.sql("SELECT kind, count(*) FROM dispatch_app_jobevent GROUP BY kind"))
     assert events == {"send_failed": 2 * 5, "envelope_dead": 5}, events
     errors = [r[0] for r in stack.sql("SELECT error FROM dispatch_app_job WHERE id = ANY(%s)", [ids])]

@@ -22,6 +22,7 @@ import pytest
 
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
+from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(150)]
 
@@ -37,7 +38,12 @@ def test_leases_delays_and_thresholds_follow_the_database_clock(shared_stack, re
     worker = stack.worker("delivery")
 
     ahead = stack.dispatcher(
-        "--lease", str(LEASE), PF_FAULTS_CLOCK_OFFSET=DAYS3, PRODUCTFLOW_FAILPOINTS="kill_after_send", name="ahead"
+        "--lease",
+        str(LEASE),
+        PF_FAULTS_CLOCK_OFFSET=DAYS3,
+        PRODUCTFLOW_FAILPOINTS="kill_after_send",
+        name="ahead",
+        **short_redis_timeouts(stack.redis_url, 0.5),  # a 3 s lease must outlast a send
     )
     assert ahead.wait(timeout=30) == -signal.SIGKILL, ahead.output()
     assert f"PF_FAULTS clock offset +{DAYS3}s active" in ahead.output()
@@ -55,7 +61,14 @@ def test_leases_delays_and_thresholds_follow_the_database_clock(shared_stack, re
     )
     assert float(lease_taken) <= LEASE, f"a lease of {lease_taken}s left: computed from the host clock?"
 
-    behind = stack.dispatcher("--lease", str(LEASE), "--poll-interval", "0.5", PF_FAULTS_CLOCK_OFFSET=-DAYS3)
+    behind = stack.dispatcher(
+        "--lease",
+        str(LEASE),
+        "--poll-interval",
+        "0.5",
+        PF_FAULTS_CLOCK_OFFSET=-DAYS3,
+        **short_redis_timeouts(stack.redis_url, 0.5),
+    )
     stack.wait_all("dispatched", 35, timeout=30, what="envelopes")
     first_redispatch = stack.scalar(
         "SELECT min(dispatched_at) FROM dispatch_app_dispatchenvelope WHERE job_id = ANY(%s)", [now_ids + unattended]
