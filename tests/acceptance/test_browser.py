@@ -1,20 +1,27 @@
-"""One end-to-end pass in a real headless Chromium: log into the admin, load the dashboard and a timeline.
+"""The admin in a real headless Chromium, as an on-call operator meets it.
+
+One pass over rows written directly (login, dashboard, timeline), and one through real trouble made on purpose with
+real processes: a backlog in RQ with no worker, a worker killed with SIGKILL mid-job, a failure burst from a vendor
+failing every call, and a bulk retry of the failed jobs behind its confirmation page. Each step asserts what the
+page shows (text, banners, counts), and the dashboard must update itself without a reload.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (CI installs both); skipped with a message otherwise.
-Saves the dashboard screenshot the README shows: docs/img/dashboard.png.
+Saves the dashboard screenshot the README shows (docs/img/dashboard.png) with PRODUCTFLOW_SCREENSHOTS=1.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from dispatch_app.models import JobEvent, RecoveryRound
-from tests.helpers import ROOT
+from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -99,14 +106,172 @@ def test_admin_login_dashboard_and_timeline_in_headless_chromium(browser, live_s
     browser.get(f"{live_server.url}/admin/dispatch_app/job/dashboard/")
     assert browser.find_element(By.ID, "pf-domain-delivery").is_displayed()
     assert browser.find_elements(By.CSS_SELECTOR, "svg.pf-chart rect")  # the chart has bars
-    # The README's screenshot is refreshed only on request (PRODUCTFLOW_SCREENSHOTS=1),
-    # so a test run leaves the tree clean.
-    out = (ROOT / "docs" / "img" if os.environ.get("PRODUCTFLOW_SCREENSHOTS") else tmp_path) / "dashboard.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    assert browser.save_screenshot(str(out))
-    assert out.stat().st_size > 10_000
 
     browser.get(f"{live_server.url}/admin/dispatch_app/job/{waiting.pk}/timeline/")
     assert browser.find_element(By.ID, "pf-stage").text == "outbox"
     text = browser.find_element(By.ID, "pf-entries").text
     assert "recovery_left_alone" in text and "envelope still pending" in text
+
+
+# --- Real trouble, real processes -----------------------------------------------------------------------------
+
+
+def _login(browser, live_server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{live_server.url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("ops")
+    browser.find_element(By.NAME, "password").send_keys("ops-password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 15).until(expected_conditions.title_contains("Site administration"))
+
+
+class Workers:
+    """``manage.py runworkers`` processes (each in its own process group, killed with it at the end)."""
+
+    def __init__(self, env: dict, tmp: Path):
+        self.env, self.tmp, self.procs = env, tmp, []
+
+    def start(self, queue: str, **env) -> subprocess.Popen:
+        log = open(self.tmp / f"worker-{queue}-{len(self.procs)}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [PYTHON, MANAGE, "runworkers", "--queues", queue, "--processes", "1"],
+            cwd=ROOT,
+            env={**self.env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append((proc, log))
+        return proc
+
+    def close(self) -> None:
+        for proc, log in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            log.close()
+
+
+def _dispatch_all() -> int:
+    from dispatch_app.conf import dispatch_settings
+    from dispatch_app.dispatch.loop import DispatchLoop
+
+    loop = DispatchLoop(dispatch_settings())
+    try:
+        return loop.run_once("catch_up").dispatched
+    finally:
+        loop.close()
+
+
+def _text(browser, element_id: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, element_id).text
+
+
+def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
+    browser, live_server, django_user_model, subprocess_env, tmp_path
+):
+    from django.contrib.admin.models import LogEntry
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from dispatch_app.models import Job
+    from dispatch_app.ops import rqside
+    from dispatch_app.outbox import submit_many
+    from tests.factories import PAYLOADS
+
+    django_user_model.objects.create_superuser("ops", "ops@example.invalid", "ops-password")
+    workers = Workers(dict(subprocess_env, MEDIA_ROOT=str(tmp_path)), tmp_path)
+    dashboard = f"{live_server.url}/admin/dispatch_app/job/dashboard/"
+    try:
+        # 1. A backlog in RQ and no worker: red, with the count, and the job's place in its queue.
+        backlog = submit_many([("delivery", dict(PAYLOADS["delivery"], asset=f"a-{i}")) for i in range(6)])
+        assert _dispatch_all() == 6
+        _login(browser, live_server)
+        assert "Dispatch dashboard" in browser.find_element(By.ID, "pf-dashboard-link").text  # from the admin index
+        browser.get(dashboard)
+        banners = _text(browser, "pf-banners")
+        assert "No live dispatcher" in banners
+        assert "delivery: 6 job(s) waiting in RQ queue delivery (6 queued in PostgreSQL) and no live worker" in banners
+        cell = browser.find_element(By.CSS_SELECTOR, "#pf-rq-delivery .pf-live-workers")
+        assert cell.text == "0" and "pf-red" in cell.get_attribute("class")
+        browser.get(f"{live_server.url}/admin/dispatch_app/job/{backlog[-1].pk}/timeline/")
+        assert _text(browser, "pf-rq-position") == "6"
+        assert _text(browser, "pf-rq-workers") == "0 live workers serve it"
+
+        # 2. A worker killed with SIGKILL in the middle of a job (a vendor call that takes minutes).
+        workers.start("agent", DISPATCH_PROVIDER_LATENCY_MS="300000", DISPATCH_PROVIDER_TIMEOUT="600")
+        (stuck,) = submit_many([("agent", PAYLOADS["agent"])])
+        assert _dispatch_all() == 1
+        wait_until(
+            lambda: Job.objects.filter(pk=stuck.pk, status="running").exists(), 60, message="the agent job to start"
+        )
+        state = rqside.job_state(stuck.pk, 1, "agent")
+        victim = state.worker or next(w.name for w in _live_workers("agent"))
+        pid = rqside.read_workers(rqside.redis_conn(), [victim])[victim].pid
+        os.kill(pid, signal.SIGKILL)
+        browser.get(f"{live_server.url}/admin/dispatch_app/job/{stuck.pk}/timeline/")
+        assert _text(browser, "pf-stage") == "worker"
+        where = _text(browser, "pf-rq-state")
+        assert f"Its worker {victim} is DEAD" in where and "last sign of life" in where, where
+
+        # 3. A failure burst: a worker comes for the delivery backlog, and the vendor fails every call.
+        #    The dashboard, left open, shows it without a reload.
+        browser.get(dashboard)
+        browser.execute_script("document.getElementById('pf-live').dataset.marker = 'same page'")
+        workers.start(
+            "delivery", DISPATCH_PROVIDER_FAILURE_RATE="1.0", DISPATCH_RECOVERY='{"delivery": {"MAX_ATTEMPTS": 1}}'
+        )
+        ids = [j.pk for j in backlog]
+        wait_until(
+            lambda: Job.objects.filter(pk__in=ids, status="failed").count() == 6, 90, message="6 delivery failures"
+        )
+        failed_cell = "#pf-fail-delivery td:nth-child(3) a"
+        WebDriverWait(browser, 30).until(lambda b: b.find_element(By.CSS_SELECTOR, failed_cell).text == "6")
+        assert browser.execute_script("return document.getElementById('pf-live').dataset.marker") == "same page"
+        assert "100% of 6" in _text(browser, "pf-fail-delivery")
+        no_worker = browser.find_elements(By.CSS_SELECTOR, "#pf-banners [data-key=no-worker]")
+        assert not [b.text for b in no_worker if b.text.startswith("delivery:")]
+        assert "DEAD" in _text(browser, "pf-workers")
+        # The README's screenshot is refreshed only on request (PRODUCTFLOW_SCREENSHOTS=1), so a test run leaves
+        # the tree clean; the admin's side bar is folded away and the window made tall enough for the tables.
+        out = (ROOT / "docs" / "img" if os.environ.get("PRODUCTFLOW_SCREENSHOTS") else tmp_path) / "dashboard.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        browser.find_element(By.ID, "toggle-nav-sidebar").click()
+        browser.set_window_size(1500, 1900)
+        assert browser.save_screenshot(str(out))
+        assert out.stat().st_size > 10_000
+        browser.set_window_size(1500, 1100)
+
+        # 4. Bulk retry from the count's deep link: select all, "Retry now", the confirmation page, confirm.
+        browser.find_element(By.CSS_SELECTOR, failed_cell).click()
+        WebDriverWait(browser, 15).until(lambda b: "Select job to" in b.title or "Select job" in b.page_source)
+        rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+        assert len(rows) == 6
+        browser.find_element(By.ID, "action-toggle").click()
+        Select(browser.find_element(By.NAME, "action")).select_by_value("retry_now")
+        browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+        WebDriverWait(browser, 15).until(lambda b: b.find_elements(By.ID, "pf-confirm-retry"))
+        plan = _text(browser, "pf-plan-delivery")
+        assert "failed 6" in plan and "yes" in plan
+        assert Job.objects.filter(pk__in=ids, attempt=1, status="failed").count() == 6  # nothing before confirming
+        browser.find_element(By.ID, "pf-confirm-retry").click()
+        WebDriverWait(browser, 15).until(lambda b: b.find_elements(By.CSS_SELECTOR, "ul.messagelist"))
+        assert "re-dispatched as attempt 2 (was failed)" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+        assert Job.objects.filter(pk__in=ids, attempt=2, status="submitted").count() == 6
+        assert LogEntry.objects.filter(user__username="ops", object_id__in=[str(i) for i in ids]).count() == 6
+        browser.get(f"{live_server.url}/admin/")
+        assert "job " + str(ids[0]) in browser.find_element(By.ID, "recent-actions-module").text
+    finally:
+        workers.close()
+
+
+def _live_workers(queue: str):
+    from dispatch_app.ops import rqside
+
+    names = [m.decode().removeprefix(rqside.WORKER_PREFIX) for m in rqside.redis_conn().smembers(f"rq:workers:{queue}")]
+    return [w for w in rqside.read_workers(rqside.redis_conn(), names).values() if w.alive]
