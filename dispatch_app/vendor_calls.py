@@ -158,12 +158,12 @@ class Ledger:
         self.attempt = attempt
         self.provider = provider
         self.next_seq = 0
-        self._prior: dict[int, Call] | None = None
+        # A first attempt has nothing to resume (no attempt before it recorded anything): no query.
+        self._prior: dict[int, Call] | None = {} if attempt == 1 else None
 
     def _earlier(self, seq: int) -> Call | None:
         if self._prior is None:
-            # A first attempt has nothing to resume; one query either way, before its first call.
-            self._prior = latest_calls(self.job_id)
+            self._prior = latest_calls(self.job_id)  # one query, before the attempt's first call
         return self._prior.get(seq)
 
     def _timeout(self) -> float:
