@@ -22,6 +22,8 @@ SCENARIOS: dict[str, str] = {
     "send-admission": "bench.send_admission",
     "index": "bench.index",
     "peers": "bench.peers",
+    "write-concurrency": "bench.write_concurrency",
+    "submit-cost": "bench.submit_cost",
     "worker-ceiling": "bench.worker_ceiling",
     "pipeline-cpu": "bench.pipeline_cpu",
 }

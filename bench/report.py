@@ -14,6 +14,17 @@ HEADLINES: dict[str, list[str]] = {
     "recovery-storm": ["db_p50_ms", "db_p99_ms", "p99_x_off", "recovered", "effective_pct", "lock_wait_s", "connect_s"],
     "send-admission": ["largest_batch", "peak_threads", "peak_rss_mb", "peak_vms_mb", "seconds"],
     "index": ["envelopes_per_s", "claim_p50_ms", "claim_p99_ms", "plan_ms", "index_mb", "x_partial"],
+    "submit-cost": ["cpu_ms_per_submit", "cpu_x_plain", "wall_ms_per_submit"],
+    "write-concurrency": [
+        "submits_per_s",
+        "submits_x_disabled",
+        "submit_p50_ms",
+        "submit_p99_ms",
+        "missed_wakeups",
+        "db_p50_ms",
+        "db_p99_ms",
+        "db_p99_x_today",
+    ],
     "peers": [
         "w1_e2e_per_process_per_s",
         "w2_e2e_per_process_per_s",

@@ -5,7 +5,8 @@ lock (``PreCommit_Notify``) until the commit is done, so notifying writers
 commit one at a time. The envelope triggers therefore notify only while a row
 of ``dispatch_app_notifyarm`` is armed (``armed_until`` ahead). A dispatcher
 arms when it goes idle and disarms when work keeps arriving while it drains: a
-busy dispatcher scans again at once (POLL) and needs no announcements.
+busy dispatcher scans again after a few milliseconds (POLL, a linger that
+lets batches gather) and needs no announcements.
 
 The hand-over. A writer reads the arm state in its trigger and commits later.
 If it read "not armed", its envelope must be found by a scan that starts after
@@ -96,6 +97,8 @@ STILL_RUNNING_SQL = (
 # long transaction costs a few queries a second.
 _FIRST_CHECK = 0.0005
 _MAX_CHECK = 0.05
+# Disarmed and busy: the pause before the next scan (write-concurrency, docs/benchmarks.md).
+POLL_LINGER = 0.005
 
 
 def effective_lease(conf) -> float:
@@ -127,6 +130,7 @@ class Arming:
         self.armed_until: float | None = None  # host-monotonic estimate, None = disarmed
         self.fence: list[str] = []
         self._next_check = 0.0
+        self._poll_at: float | None = None  # disarmed and busy: when to scan again
         self._check_step = _FIRST_CHECK
         # For tests, the benchmark and the logs.
         self.arms = 0
@@ -166,7 +170,10 @@ class Arming:
             else:
                 self._renew_if_due()
         elif busy:
-            self.wake.set(POLL)
+            # Rows keep coming: scan again soon without announcements. The short linger lets
+            # a batch gather instead of claiming a few rows per round trip; it is paid only
+            # under load, never by work arriving at an idle (armed) dispatcher.
+            self._poll_at = self.clock() + POLL_LINGER
         else:
             self.arm()
 
@@ -206,6 +213,7 @@ class Arming:
 
     def disarm(self) -> None:
         self.fence = []
+        self._poll_at = None
         if self.armed_until is None:
             return
         self.armed_until = None
@@ -223,11 +231,19 @@ class Arming:
 
     # -- the wait's side (Wake.wait) -------------------------------------------
 
-    def fence_due_in(self) -> float | None:
-        """Seconds until the next fence check, or None when no fence is open."""
-        if not self.fence:
+    def due_in(self) -> float | None:
+        """Seconds until this arming wants a scan or a fence check, or None when it waits for nothing."""
+        dues = [t for t in (self._poll_at, self._next_check if self.fence else None) if t is not None]
+        if not dues:
             return None
-        return max(0.0, self._next_check - self.clock())
+        return max(0.0, min(dues) - self.clock())
+
+    def due(self) -> str | None:
+        """Called by Wake.wait when ``due_in`` has passed: the scan reason it owes, or None."""
+        if self._poll_at is not None and self.clock() >= self._poll_at:
+            self._poll_at = None
+            return POLL
+        return HANDOVER if self.check_fence() else None
 
     def check_fence(self) -> bool:
         """True when some fenced transactions have ended since the last check: scan for what they committed."""
@@ -255,6 +271,7 @@ class Arming:
         self.errors += 1
         self.armed_until = None
         self.fence = []
+        self._poll_at = None
         log.warning(
             "notify arming failed in %s: %s",
             where,

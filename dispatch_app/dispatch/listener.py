@@ -92,6 +92,7 @@ class Listener:
         self.thread = threading.Thread(target=self.run, name="loop-listener", daemon=True)
         self.errors = 0
         self.ping_started: float | None = None  # clock() when the ping in flight was sent
+        self.conn = None
         self.pings = 0
         # Conditional NOTIFY: the dispatcher sharing this wake arms only while we listen.
         if wake.arming is None:
@@ -105,7 +106,7 @@ class Listener:
             return "not connected"
         started = self.ping_started
         if started is not None and self.clock() - started > self.conf.LISTEN_TIMEOUT:
-            return f"ping unanswered for {self.clock() - started:.1f}s"
+            return f"its ping has not returned within LISTEN_TIMEOUT ({self.conf.LISTEN_TIMEOUT:g}s)"
         return None
 
     def start(self) -> None:
@@ -146,6 +147,7 @@ class Listener:
         with psycopg.connect(autocommit=True, **conninfo) as conn:
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self.pid = conn.info.backend_pid
+            self.conn = conn  # for fault tests: the socket's options
             if reconnect:
                 self.reconnects += 1
             self.connected.set()

@@ -147,8 +147,14 @@ class HeartbeatLoop:
     def run_once(self, trigger: str = "tick") -> int:
         """Write last_seen_at and the loops' ticks; returns how many loop rows were written."""
         if self.listener is not None and self.listener.connected.is_set():
-            # The listener is not a loop runner: being connected is its tick.
-            self.observer.loop_tick(self.listener.name)
+            # The listener is not a loop runner: being connected, its ping answering, is its tick. A ping
+            # that does not return (a dead network) is reported as its error, once, and it stops ticking.
+            problem = self.listener.health_problem()
+            if problem is None:
+                self.observer.loop_tick(self.listener.name)
+            elif problem != getattr(self, "_listener_problem", None):
+                self.observer.loop_error(self.listener.name, ConnectionError(f"listener unhealthy: {problem}"))
+            self._listener_problem = problem
         if self.process_id is None:
             self.register()
         with transaction.atomic(), connection.cursor() as cursor:

@@ -6,8 +6,9 @@ because the work itself is always found in the table, never in the signal.
 
 With conditional NOTIFY (dispatch_app.dispatch.arming) the channel also carries
 the dispatcher's side of the hand-over: ``drained()`` is called where a drain
-ends, and while an arm's fence is open ``wait()`` checks it between short
-steps, so the scan it owes happens without waiting for the fallback tick.
+ends, and while the arming owes a scan (an open fence, a busy dispatcher's
+next poll) ``wait()`` asks it between short steps, so that scan happens
+without waiting for the fallback tick.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Wake:
     def wait(self, timeout: float | None) -> str:
         """Block until a wake or the timeout; take (clear) the pending wake and return its reason."""
         arming = self.arming
-        if arming is None or arming.fence_due_in() is None:
+        if arming is None or arming.due_in() is None:
             with self._cond:
                 if self._pending is None:
                     self._cond.wait(timeout)
@@ -53,12 +54,12 @@ class Wake:
             if reason == STOP and arming is not None:
                 arming.stopped()
             return reason or TICK
-        return self._wait_with_fence(arming, timeout)
+        return self._wait_for_arming(arming, timeout)
 
-    def _wait_with_fence(self, arming, timeout: float | None) -> str:
+    def _wait_for_arming(self, arming, timeout: float | None) -> str:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            due = arming.fence_due_in()
+            due = arming.due_in()
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             step = due if left is None else (left if due is None else min(due, left))
             with self._cond:
@@ -69,9 +70,9 @@ class Wake:
                 if reason == STOP:
                     arming.stopped()
                 return reason
-            # Outside the lock: the check is a database round trip.
-            if due is not None and arming.check_fence():
-                return HANDOVER
+            # Outside the lock: a fence check is a database round trip.
+            if due is not None and (owed := arming.due()) is not None:
+                return owed
             if left is not None and left <= 0:
                 return TICK
 

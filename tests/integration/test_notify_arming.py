@@ -240,8 +240,8 @@ def test_a_busy_dispatcher_disarms_and_its_writers_stop_notifying(dispatcher, li
     assert d.wake.wait(0) == NOTIFY
     assert d.scan(NOTIFY).dispatched == 1
     assert status(job) == "dispatched"
-    # Disarmed and it found work: it scans again at once, and arms when that finds nothing.
-    assert d.wake.wait(0) == POLL
+    # Disarmed and it found work: it scans again after a short linger (no tick), and arms when that finds nothing.
+    assert d.wake.wait(10) == POLL
     assert d.scan(POLL).claimed == 0
     assert d.arming.armed and armed_rows() == 1
     assert d.wake.wait(0) == HANDOVER
