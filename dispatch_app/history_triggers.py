@@ -7,9 +7,9 @@ PostgreSQL itself, never by application code. The hot paths stay cheap:
 - submit: one statement-level trigger per INSERT statement; it writes a row only
   for envelopes created with a delay (scheduled submit, retry backoff), because
   only then is the due time worth remembering before the lease overwrites it.
-- the dispatcher's mark: one statement-level trigger per UPDATE statement, sharing
-  the transition tables the NOTIFY trigger already collects; it writes the
-  attempt's dispatched_at. The job row trigger does not fire for submitted→queued.
+- the dispatcher's mark: nothing. The job row trigger does not fire for
+  submitted→queued; the attempt's dispatch time is the envelope's dispatched_at,
+  copied into the attempt when it starts or ends (one index probe there).
 - the worker's start and finish: one row trigger each (WHEN at trigger level, so
   updates that change neither status nor attempt never call it). No extra round
   trip: the worker may name itself with ``set_config('productflow.worker', name,
@@ -33,23 +33,39 @@ _COLUMNS = (
     "(job_id, attempt, domain, created_at, due_at, dispatched_at, started_at, worker, finished_at, outcome, error)"
 )
 
-# Fired AFTER UPDATE OF a job row, only when status or attempt changed (and not for the
-# dispatcher's submitted→queued: the envelope trigger records the dispatch).
+# Fired AFTER UPDATE OF a job row, only when status or attempt changed; not for the dispatcher's
+# submitted→queued, so the mark pays nothing: the dispatch time stays on the envelope and is copied into
+# the attempt when the attempt starts or ends (readers join the envelope until then).
 JOB_CONDITION = (
     "OLD.attempt IS DISTINCT FROM NEW.attempt OR (OLD.status IS DISTINCT FROM NEW.status "
     "AND NOT (OLD.status = 'submitted' AND NEW.status = 'queued'))"
 )
 
-JOB_DECLARE = [("at_", "timestamptz"), ("worker_", "text")]
+# The attempt's envelope (unique (job_id, attempt)): its creation and dispatch.
+_ENVELOPE = (
+    "SELECT e.created_at, e.dispatched_at INTO env_created_, env_dispatched_ "
+    "FROM dispatch_app_dispatchenvelope e WHERE e.job_id = {job}.id AND e.attempt = {job}.attempt;"
+)
+# Attempt 1 was created by the submit (its envelope's creation, in the submit's transaction); a later
+# attempt by the re-dispatch, recorded when the attempt number moved.
+_CREATED = "COALESCE(env_created_, CASE WHEN {job}.attempt = 1 THEN {job}.submitted_at ELSE at_ END)"
+
+JOB_DECLARE = [
+    ("at_", "timestamptz"),
+    ("worker_", "text"),
+    ("env_created_", "timestamptz"),
+    ("env_dispatched_", "timestamptz"),
+]
 JOB_FUNC = f"""
     at_ := clock_timestamp();
-    worker_ := left(COALESCE(current_setting('{WORKER_SETTING}', true), ''), 200);
     IF NEW.attempt IS DISTINCT FROM OLD.attempt THEN
         -- The old attempt ends here, superseded; what it recorded itself stays.
+        {_ENVELOPE.format(job="OLD")}
         INSERT INTO {ATTEMPT} AS a {_COLUMNS}
-        VALUES (OLD.id, OLD.attempt, OLD.domain, CASE WHEN OLD.attempt = 1 THEN OLD.submitted_at ELSE at_ END,
-                NULL, NULL, OLD.started_at, '', at_, 'superseded', left(OLD.error, {ERROR_MAX}))
+        VALUES (OLD.id, OLD.attempt, OLD.domain, {_CREATED.format(job="OLD")},
+                NULL, env_dispatched_, OLD.started_at, '', at_, 'superseded', left(OLD.error, {ERROR_MAX}))
         ON CONFLICT (job_id, attempt) DO UPDATE SET
+            dispatched_at = COALESCE(a.dispatched_at, EXCLUDED.dispatched_at),
             started_at = COALESCE(a.started_at, EXCLUDED.started_at),
             finished_at = COALESCE(a.finished_at, EXCLUDED.finished_at),
             outcome = CASE WHEN a.outcome = '' THEN EXCLUDED.outcome ELSE a.outcome END,
@@ -58,18 +74,24 @@ JOB_FUNC = f"""
         VALUES (NEW.id, NEW.attempt, NEW.domain, at_, NULL, NULL, NULL, '', NULL, '', '')
         ON CONFLICT (job_id, attempt) DO NOTHING;
     ELSIF NEW.status = 'running' THEN
+        worker_ := left(COALESCE(current_setting('{WORKER_SETTING}', true), ''), 200);
+        {_ENVELOPE.format(job="NEW")}
+        -- The dispatcher's mark may not have committed yet (the worker can be first): then the end fills it.
         INSERT INTO {ATTEMPT} AS a {_COLUMNS}
-        VALUES (NEW.id, NEW.attempt, NEW.domain, CASE WHEN NEW.attempt = 1 THEN NEW.submitted_at ELSE at_ END,
-                NULL, NULL, COALESCE(NEW.started_at, at_), worker_, NULL, '', '')
+        VALUES (NEW.id, NEW.attempt, NEW.domain, {_CREATED.format(job="NEW")},
+                NULL, env_dispatched_, COALESCE(NEW.started_at, at_), worker_, NULL, '', '')
         ON CONFLICT (job_id, attempt) DO UPDATE SET
+            dispatched_at = COALESCE(a.dispatched_at, EXCLUDED.dispatched_at),
             started_at = EXCLUDED.started_at,
             worker = CASE WHEN EXCLUDED.worker = '' THEN a.worker ELSE EXCLUDED.worker END;
     ELSIF NEW.status IN {TERMINAL} THEN
+        {_ENVELOPE.format(job="NEW")}
         INSERT INTO {ATTEMPT} AS a {_COLUMNS}
-        VALUES (NEW.id, NEW.attempt, NEW.domain, CASE WHEN NEW.attempt = 1 THEN NEW.submitted_at ELSE at_ END,
-                NULL, NULL, NEW.started_at, '', COALESCE(NEW.finished_at, at_), NEW.status,
-                left(NEW.error, {ERROR_MAX}))
+        VALUES (NEW.id, NEW.attempt, NEW.domain, {_CREATED.format(job="NEW")},
+                NULL, env_dispatched_, NEW.started_at, '', COALESCE(NEW.finished_at, at_),
+                NEW.status, left(NEW.error, {ERROR_MAX}))
         ON CONFLICT (job_id, attempt) DO UPDATE SET
+            dispatched_at = COALESCE(a.dispatched_at, EXCLUDED.dispatched_at),
             started_at = COALESCE(a.started_at, EXCLUDED.started_at),
             finished_at = EXCLUDED.finished_at,
             outcome = EXCLUDED.outcome,
@@ -82,22 +104,13 @@ JOB_FUNC = f"""
     RETURN NULL;
 """
 
-# AFTER INSERT (statement) on envelopes: remember when a delayed envelope becomes due.
+# AFTER INSERT (statement) on envelopes: remember when a delayed envelope becomes due (the lease and
+# backoffs overwrite available_at later). Envelopes due at once write nothing here.
 ENVELOPE_INSERT_FUNC = f"""
 INSERT INTO {ATTEMPT} AS a {_COLUMNS}
 SELECT n.job_id, n.attempt, n.domain, n.created_at, n.available_at, NULL, NULL, '', NULL, '', ''
 FROM new_rows n WHERE n.available_at > n.created_at
 ON CONFLICT (job_id, attempt) DO UPDATE SET due_at = EXCLUDED.due_at;
-RETURN NULL;
-"""
-
-# AFTER UPDATE (statement) on envelopes: the attempt's dispatch, from the envelope that carried it.
-ENVELOPE_UPDATE_FUNC = f"""
-INSERT INTO {ATTEMPT} AS a {_COLUMNS}
-SELECT n.job_id, n.attempt, n.domain, n.created_at, NULL, n.dispatched_at, NULL, '', NULL, '', ''
-FROM new_rows n JOIN old_rows o ON o.id = n.id
-WHERE n.status = 'dispatched' AND o.status <> 'dispatched' AND n.dispatched_at IS NOT NULL
-ON CONFLICT (job_id, attempt) DO UPDATE SET dispatched_at = COALESCE(a.dispatched_at, EXCLUDED.dispatched_at);
 RETURN NULL;
 """
 

@@ -180,14 +180,6 @@ class DispatchEnvelope(models.Model):
                 referencing=pgtrigger.Referencing(new="new_rows"),
                 func=history_triggers.ENVELOPE_INSERT_FUNC,
             ),
-            pgtrigger.Trigger(
-                name="envelope_attempt_dispatched_v1",
-                level=pgtrigger.Statement,
-                when=pgtrigger.After,
-                operation=pgtrigger.Update,
-                referencing=pgtrigger.Referencing(old="old_rows", new="new_rows"),
-                func=history_triggers.ENVELOPE_UPDATE_FUNC,
-            ),
         ]
 
     def __str__(self) -> str:

@@ -2,7 +2,8 @@
 
 Readers: the job timeline (``ops.timeline``), the job list's columns (``admin.JobAdmin``), the dashboard,
 ``dispatchstats`` and the Prometheus gauges (``ops.stats``), the demo's table (``latency``). Every time is a
-``JobAttempt`` timestamp written by PostgreSQL (``dispatch_app.history_triggers``), one row per attempt, so a
+database timestamp of one attempt: its ``JobAttempt`` row (``dispatch_app.history_triggers``) and its envelope,
+which carries the dispatch until the attempt starts or ends (the dispatcher's mark writes no history), so a
 re-dispatch never stretches a stage across attempts.
 
 Instants of one attempt:
@@ -54,6 +55,7 @@ from django.db.models import F, FilteredRelation, Q
 from dispatch_app.dbtime import ClockTimestamp
 
 ATTEMPT = "dispatch_app_jobattempt"
+ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
 
 STAGES = ("backoff", "outbox", "rq", "worker")
@@ -192,14 +194,13 @@ def _from_row(row) -> Attempt:
     )
 
 
-def _rebuilt(job, created_at: datetime | None = None, due_at: datetime | None = None) -> Attempt:
-    """The current attempt from the job row (no history row yet: still in the outbox, or written before history)."""
+def _rebuilt(job, env=None) -> Attempt:
+    """The current attempt from the job row and its envelope (no history row yet: in the outbox or the RQ queue)."""
     terminal = job.status in ("succeeded", "failed", "outcome_unknown", "cancelled")
     return Attempt(
         attempt=job.attempt,
-        created_at=created_at or job.submitted_at,
-        due_at=due_at,
-        dispatched_at=job.dispatched_at if job.attempt == 1 else None,
+        created_at=env.created_at if env is not None and job.attempt > 1 else job.submitted_at,
+        dispatched_at=env.dispatched_at if env is not None else (job.dispatched_at if job.attempt == 1 else None),
         started_at=job.started_at,
         finished_at=job.finished_at if terminal else None,
         outcome=job.status if terminal else "",
@@ -209,15 +210,18 @@ def _rebuilt(job, created_at: datetime | None = None, due_at: datetime | None = 
 
 
 def job_attempts(job, envelopes=None) -> list[Attempt]:
-    """All attempts of ``job``, oldest first. ``envelopes`` (optional, any order) fill in a missing current row."""
+    """All attempts of ``job``, oldest first. The envelopes (any order) carry the dispatch times that the history
+    row gets only when its attempt starts or ends, and stand in for a current attempt without a row."""
     from dispatch_app.models import JobAttempt
 
+    by_attempt = {e.attempt: e for e in envelopes or ()}
     rows = {r.attempt: _from_row(r) for r in JobAttempt.objects.filter(job_id=job.pk).order_by("attempt")}
+    for n, row in rows.items():
+        env = by_attempt.get(n)
+        if row.dispatched_at is None and env is not None:
+            row.dispatched_at = env.dispatched_at
     if job.attempt not in rows:
-        env = next((e for e in envelopes or () if e.attempt == job.attempt), None)
-        created = env.created_at if env is not None and job.attempt > 1 else None
-        due = env.available_at if env is not None and env.send_attempts == 0 and not env.lease_token else None
-        rows[job.attempt] = _rebuilt(job, created, due)
+        rows[job.attempt] = _rebuilt(job, by_attempt.get(job.attempt))
     return [rows[k] for k in sorted(rows)]
 
 
@@ -227,27 +231,38 @@ _CURRENT_FIELDS = ("created_at", "due_at", "dispatched_at", "started_at", "finis
 
 
 def annotate_current(queryset):
-    """Adds ``_a_<instant>`` of the job's current attempt (LEFT JOIN on the unique (job, attempt)) and ``_now``."""
+    """Adds ``_a_<instant>`` of the job's current attempt and ``_e_<instant>`` of its envelope (LEFT JOINs on the
+    unique (job, attempt) of each) and ``_now``, the database clock."""
     return queryset.annotate(
         _cur=FilteredRelation("attempts", condition=Q(attempts__attempt=F("attempt"))),
+        _env=FilteredRelation("envelopes", condition=Q(envelopes__attempt=F("attempt"))),
         _now=ClockTimestamp(),
+        _e_created_at=F("_env__created_at"),
+        _e_dispatched_at=F("_env__dispatched_at"),
         **{f"_a_{name}": F(f"_cur__{name}") for name in _CURRENT_FIELDS},
     )
 
 
 def current_attempt(job) -> Attempt:
     """The current attempt of a job fetched through ``annotate_current``."""
-    if getattr(job, "_a_created_at", None) is None:
-        return _rebuilt(job)
     terminal = job.status in ("succeeded", "failed", "outcome_unknown", "cancelled")
+    recorded = getattr(job, "_a_created_at", None) is not None
+    if recorded:
+        created = job._a_created_at
+    else:
+        created = job._e_created_at if job.attempt > 1 and job._e_created_at is not None else job.submitted_at
+    dispatched = (job._a_dispatched_at if recorded else None) or job._e_dispatched_at
+    if dispatched is None and job.attempt == 1:
+        dispatched = job.dispatched_at
     return Attempt(
         attempt=job.attempt,
-        created_at=job._a_created_at,
-        due_at=job._a_due_at,
-        dispatched_at=job._a_dispatched_at,
-        started_at=job._a_started_at,
-        finished_at=job._a_finished_at if terminal else None,
+        created_at=created,
+        due_at=job._a_due_at if recorded else None,
+        dispatched_at=dispatched,
+        started_at=(job._a_started_at if recorded else None) or job.started_at,
+        finished_at=job.finished_at if terminal else None,
         outcome=job.status if terminal else "",
+        recorded=recorded,
     )
 
 
@@ -282,11 +297,22 @@ def seconds_sql(stage: str, a: str = "a") -> str:
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 
-# Start of an unfinished job's current stage; j = the job, a = its current attempt (LEFT JOIN, may be NULL).
+# Start of an unfinished job's current stage; j = the job, a = its current attempt's history row, e = its
+# current envelope (both LEFT JOINs, may be NULL).
 STAGE_START_SQL = """CASE j.status
     WHEN 'running' THEN COALESCE(a.started_at, j.started_at)
-    WHEN 'queued' THEN COALESCE(a.dispatched_at, a.created_at, j.dispatched_at, j.submitted_at)
-    ELSE LEAST(COALESCE(GREATEST(a.created_at, a.due_at), j.submitted_at), clock_timestamp()) END"""
+    WHEN 'queued' THEN COALESCE(a.dispatched_at, e.dispatched_at, CASE WHEN j.attempt = 1 THEN j.dispatched_at END,
+                                a.created_at, e.created_at, j.submitted_at)
+    ELSE LEAST(COALESCE(GREATEST(a.created_at, a.due_at), CASE WHEN j.attempt > 1 THEN e.created_at END,
+                        j.submitted_at), clock_timestamp()) END"""
+
+# Every dispatched attempt, with or without its history row yet: the envelope carries the dispatch (and is
+# what the window selects on, index envelope_status_dispatched), the history row the rest.
+DISPATCHED_ATTEMPTS_SQL = f"""
+    SELECT e.domain, e.job_id, e.attempt, COALESCE(a.created_at, e.created_at) AS created_at, a.due_at,
+           e.dispatched_at, a.started_at, a.finished_at
+    FROM {ENVELOPE} e LEFT JOIN {ATTEMPT} a ON a.job_id = e.job_id AND a.attempt = e.attempt
+    WHERE e.status = 'dispatched'"""
 
 WINDOW_STAGES = ("backoff", "outbox", "rq")
 
@@ -296,7 +322,7 @@ def percentiles(cursor, windows=(5, 60), qs=(0.5, 0.95, 0.99)) -> list[tuple]:
 
     Windows select on ``dispatched_at`` (index jobattempt_dispatched); percentile_cont interpolates.
     """
-    cols = ", ".join(f"{seconds_sql(s)} AS {s}" for s in WINDOW_STAGES)
+    cols = ", ".join(f"{seconds_sql(s, 'd')} AS {s}" for s in WINDOW_STAGES)
     aggs = ", ".join(
         f"count(x.{s}), percentile_cont(%(q)s::float8[]) WITHIN GROUP (ORDER BY x.{s})" for s in WINDOW_STAGES
     )
@@ -304,9 +330,9 @@ def percentiles(cursor, windows=(5, 60), qs=(0.5, 0.95, 0.99)) -> list[tuple]:
         f"""
         WITH t AS (SELECT clock_timestamp() AS now),
         x AS (
-            SELECT a.domain, a.dispatched_at, {cols}
-            FROM {ATTEMPT} a CROSS JOIN t
-            WHERE a.dispatched_at >= t.now - make_interval(mins => %(widest)s)
+            SELECT d.domain, d.dispatched_at, {cols}
+            FROM ({DISPATCHED_ATTEMPTS_SQL}
+                  AND e.dispatched_at >= (SELECT now FROM t) - make_interval(mins => %(widest)s)) d
         )
         SELECT w.minutes, x.domain, {aggs}
         FROM x CROSS JOIN t CROSS JOIN unnest(%(windows)s::int[]) AS w(minutes)
@@ -328,10 +354,10 @@ def per_minute(cursor, minutes: int = 60) -> dict[int, tuple[int, float | None]]
     cursor.execute(
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)
-        SELECT floor(extract(epoch FROM t.now - a.dispatched_at) / 60)::int AS ago, count(*),
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY {seconds_sql("outbox")})
-        FROM {ATTEMPT} a CROSS JOIN t
-        WHERE a.dispatched_at >= t.now - make_interval(mins => %s)
+        SELECT floor(extract(epoch FROM t.now - d.dispatched_at) / 60)::int AS ago, count(*),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY {seconds_sql("outbox", "d")})
+        FROM ({DISPATCHED_ATTEMPTS_SQL} AND e.dispatched_at >= (SELECT now FROM t) - make_interval(mins => %s)) d
+        CROSS JOIN t
         GROUP BY ago
         """,
         [minutes],
@@ -356,15 +382,25 @@ def summary(min_job_id: int = 0, max_job_id: int | None = None) -> list[StageSum
         f"count(x.{s}), percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY x.{s}), max(x.{s})"
         for s in STAGES
     )
+    in_range = "{t}.job_id >= %s AND (%s::bigint IS NULL OR {t}.job_id <= %s)"
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             SELECT {aggs} FROM (
-                SELECT {cols} FROM {ATTEMPT} a
-                WHERE a.job_id >= %s AND (%s::bigint IS NULL OR a.job_id <= %s)
+                SELECT {cols} FROM (
+                    SELECT a.created_at, a.due_at, COALESCE(a.dispatched_at, e.dispatched_at) AS dispatched_at,
+                           a.started_at, a.finished_at
+                    FROM {ATTEMPT} a LEFT JOIN {ENVELOPE} e ON e.job_id = a.job_id AND e.attempt = a.attempt
+                    WHERE {in_range.format(t="a")}
+                    UNION ALL
+                    -- Attempts with no history row yet (not started): their envelope alone.
+                    SELECT e.created_at, NULL, e.dispatched_at, NULL, NULL FROM {ENVELOPE} e
+                    WHERE {in_range.format(t="e")} AND NOT EXISTS (
+                        SELECT 1 FROM {ATTEMPT} a WHERE a.job_id = e.job_id AND a.attempt = e.attempt)
+                ) a
             ) x
             """,
-            [min_job_id, max_job_id, max_job_id],
+            [min_job_id, max_job_id, max_job_id] * 2,
         )
         row = cursor.fetchone()
     out = []

@@ -63,6 +63,7 @@ def job_summary(cursor) -> dict[str, dict]:
                GREATEST(extract(epoch FROM t.now - min({stages.STAGE_START_SQL})), 0)
         FROM {JOB} j CROSS JOIN t
         LEFT JOIN {stages.ATTEMPT} a ON a.job_id = j.id AND a.attempt = j.attempt
+        LEFT JOIN {ENVELOPE} e ON e.job_id = j.id AND e.attempt = j.attempt
         WHERE j.status = ANY(%s) GROUP BY j.domain, j.status, t.now
         """,
         [list(ACTIVE_STATUSES)],

@@ -48,8 +48,7 @@ def envelope(
     last_error="",
     queue=None,
 ) -> DispatchEnvelope:
-    # Created pending, then moved to its status with its timestamps in one UPDATE, as the dispatcher's mark
-    # does: the history triggers then record the attempt's dispatch from these timestamps.
+    # Created pending, then moved to its status with its timestamps in one UPDATE, as the dispatcher's mark does.
     env = DispatchEnvelope.objects.create(
         job=job_row,
         attempt=attempt or job_row.attempt,
@@ -68,15 +67,36 @@ def envelope(
     return env
 
 
-def attempt_row(job_row: Job, attempt: int, *, outcome: str = "", error: str = "", worker: str = "", **instants_ago):
+def attempt_row(
+    job_row: Job,
+    attempt: int,
+    *,
+    outcome: str = "",
+    error: str = "",
+    worker: str = "",
+    with_envelope=True,
+    **instants_ago,
+):
     """A JobAttempt row as the history triggers would have left it: created_ago=, due_ago=, dispatched_ago=,
-    started_ago=, finished_ago= are seconds before now."""
+    started_ago=, finished_ago= are seconds before now. With dispatched_ago, its dispatched envelope too (the
+    dashboard's windows select attempts by their envelope's dispatch), unless with_envelope=False."""
     names = {k.removesuffix("_ago") + "_at": ago(v) for k, v in instants_ago.items() if v is not None}
+    updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in dict.fromkeys(("worker", "outcome", "error", "due_at", *names)))
     sql(
         f"INSERT INTO dispatch_app_jobattempt (job_id, attempt, domain, worker, outcome, error, {', '.join(names)}) "
-        f"VALUES (%s, %s, %s, %s, %s, %s, {', '.join(names.values())})",
+        f"VALUES (%s, %s, %s, %s, %s, %s, {', '.join(names.values())}) "
+        f"ON CONFLICT (job_id, attempt) DO UPDATE SET {updates}",
         [job_row.pk, attempt, job_row.domain, worker, outcome, error],
     )
+    if with_envelope and instants_ago.get("dispatched_ago") is not None:
+        env = envelope(job_row, "dispatched", attempt=attempt, dispatched_ago=instants_ago["dispatched_ago"])
+        # The very same instants as the attempt row (each statement reads its own clock).
+        sql(
+            "UPDATE dispatch_app_dispatchenvelope e SET created_at = a.created_at, available_at = a.created_at, "
+            "dispatched_at = a.dispatched_at FROM dispatch_app_jobattempt a "
+            "WHERE e.id = %s AND a.job_id = e.job_id AND a.attempt = e.attempt",
+            [env.pk],
+        )
 
 
 def percentile_cont(values, q: float) -> float:

@@ -178,6 +178,7 @@ def test_timeline_shows_each_attempt_with_its_own_stages_and_each_recovery_decis
         finished_ago=200,
         outcome="superseded",
         worker="host-a.17",
+        with_envelope=False,
     )
     attempt_row(
         j,
@@ -189,6 +190,7 @@ def test_timeline_shows_each_attempt_with_its_own_stages_and_each_recovery_decis
         finished_ago=40,
         outcome="succeeded",
         worker="host-b.4",
+        with_envelope=False,
     )
     envelope(j, "dispatched", attempt=1, created_ago=600, dispatched_ago=590, send_attempts=2, last_error="")
     envelope(j, "dispatched", attempt=2, created_ago=200, dispatched_ago=150)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import re
-import threading
 
 import pytest
 from django.core.management import call_command
@@ -18,7 +17,6 @@ from dispatch_app.dbtime import db_now
 from dispatch_app.management.commands.dispatchstats import queue_usage, render
 from dispatch_app.models import Job
 from dispatch_app.ops import stats
-from dispatch_app.ops.heartbeat import HeartbeatTracker
 from dispatch_app.ops.metrics import DatabaseCollector
 from dispatch_app.ops.wiring import Ops
 from dispatch_app.recovery.round import TOUCH_SQL
@@ -130,17 +128,3 @@ def test_the_listeners_tick_counts_in_the_metrics():
         supervisor.request_stop()
         supervisor.listener.join(5)
         supervisor.close()
-
-
-def test_a_tracker_alone_still_gets_the_listeners_tick():
-    """Without an observer (tests, tools) the heartbeat ticks the tracker, as before."""
-    from dispatch_app.ops.heartbeat import HeartbeatLoop
-
-    class Connected:
-        name = "listener"
-        connected = threading.Event()
-
-    Connected.connected.set()
-    tracker = HeartbeatTracker()
-    HeartbeatLoop(dispatch_settings(), tracker, threading.Event(), listener=Connected()).run_once()
-    assert sql("SELECT count(*) FROM dispatch_app_loopheartbeat WHERE loop = 'listener'") == [(1,)]
