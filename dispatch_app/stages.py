@@ -38,6 +38,7 @@ SQL API (each takes a cursor; one statement; ages from one ``clock_timestamp()``
   ``percentiles(cursor, windows, qs)``: per window and domain (and "all"), count and percentiles of the
   backoff, outbox and rq stages of attempts dispatched in the window
   ``per_minute(cursor, minutes)``: attempts dispatched per minute and their p95 outbox wait
+  ``per_minute_by_domain(cursor, minutes)``: the same per domain, with the p95 RQ-queue wait (the charts)
   ``summary(min_job_id, max_job_id)``: count, p50/p95/p99/max per stage for a range of jobs (the demo's table)
   ``STAGE_START_SQL``: the start of an unfinished job's current stage (``j`` = job, ``a`` = its current
   attempt), the basis of "oldest recovery candidate" (recovery's touch of ``updated_at`` does not reset it)
@@ -363,6 +364,24 @@ def per_minute(cursor, minutes: int = 60) -> dict[int, tuple[int, float | None]]
         [minutes],
     )
     return {ago: (count, p95) for ago, count, p95 in cursor.fetchall()}
+
+
+def per_minute_by_domain(cursor, minutes: int = 60) -> dict[tuple[str, int], tuple[int, float | None, float | None]]:
+    """{(domain, minutes ago): (attempts dispatched that minute, p95 outbox wait, p95 RQ-queue wait of those that
+    started)} for the last ``minutes``; attempts still waiting in RQ count as dispatched (the envelope says so)."""
+    cursor.execute(
+        f"""
+        WITH t AS (SELECT clock_timestamp() AS now)
+        SELECT d.domain, floor(extract(epoch FROM t.now - d.dispatched_at) / 60)::int AS ago, count(*),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY {seconds_sql("outbox", "d")}),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY {seconds_sql("rq", "d")})
+        FROM ({DISPATCHED_ATTEMPTS_SQL} AND e.dispatched_at >= (SELECT now FROM t) - make_interval(mins => %s)) d
+        CROSS JOIN t
+        GROUP BY d.domain, ago
+        """,
+        [minutes],
+    )
+    return {(domain, ago): (n, outbox, rq) for domain, ago, n, outbox, rq in cursor.fetchall()}
 
 
 @dataclass(frozen=True)

@@ -91,19 +91,8 @@ def activity(cursor, minutes: int = RATE_MINUTES) -> dict[str, dict]:
 def charts(cursor, minutes: int = CHART_MINUTES) -> dict[str, list[dict]]:
     """Per domain, one point per minute (oldest first): dispatched, p95 outbox and RQ waits (by dispatch
     minute), finished and failed (by finish minute)."""
-    cursor.execute(
-        f"""
-        WITH t AS (SELECT clock_timestamp() AS now)
-        SELECT a.domain, floor(extract(epoch FROM t.now - a.dispatched_at) / 60)::int AS ago, count(*),
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY {stages.seconds_sql("outbox")}),
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY {stages.seconds_sql("rq")})
-        FROM {ATTEMPT} a CROSS JOIN t
-        WHERE a.dispatched_at >= t.now - make_interval(mins => %s)
-        GROUP BY a.domain, ago
-        """,
-        [minutes],
-    )
-    dispatched = {(d, ago): (n, outbox, rq) for d, ago, n, outbox, rq in cursor.fetchall()}
+    # Attempts still waiting in RQ have no dispatch in their history row yet: stages reads their envelopes.
+    dispatched = stages.per_minute_by_domain(cursor, minutes)
     cursor.execute(
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)

@@ -128,3 +128,26 @@ def test_the_listeners_tick_counts_in_the_metrics():
         supervisor.request_stop()
         supervisor.listener.join(5)
         supervisor.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_attempts_waiting_in_rq_count_as_dispatched_though_the_mark_writes_no_history(redis_conn):
+    from dispatch_app.dispatch.loop import DispatchLoop
+    from dispatch_app.models import JobAttempt
+    from dispatch_app.outbox import submit
+    from tests.factories import PAYLOADS
+
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(3)]
+    loop = DispatchLoop(dispatch_settings())
+    try:
+        assert loop.run_once("notify").dispatched == 3  # no worker runs: all three wait in RQ
+    finally:
+        loop.close()
+    assert not JobAttempt.objects.filter(job__in=jobs).exists()
+    with connection.cursor() as cursor:
+        latency = stats.latency_summary(cursor)["delivery"]["5m"]
+        minutes = stages.per_minute_by_domain(cursor, 60)
+        summary = stats.job_summary(cursor)["delivery"]
+    assert latency["submitted_to_dispatched"]["count"] == 3 and latency["dispatched_to_started"]["count"] == 0
+    assert minutes[("delivery", 0)][0] == 3 and minutes[("delivery", 0)][2] is None
+    assert summary["backlog"]["queued"] == 3 and summary["oldest_candidate_age"] is not None
