@@ -158,6 +158,22 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def _refuse_unless_viewable(self, request, obj=None) -> None:
+        if not self.has_view_or_change_permission(request, obj):
+            opts = self.model._meta
+            raise PermissionDenied(
+                f"The {opts.verbose_name_plural} pages need the permission '{opts.app_label}.view_{opts.model_name}', "
+                f"which {request.user.get_username()} lacks."
+            )
+
+    def changelist_view(self, request, extra_context=None):
+        self._refuse_unless_viewable(request)
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        self._refuse_unless_viewable(request)
+        return super().change_view(request, object_id, form_url, extra_context)
+
 
 def _report(modeladmin, request, outcomes) -> None:
     applied = [o for o in outcomes if o.applied]

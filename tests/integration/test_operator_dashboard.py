@@ -3,6 +3,7 @@ PostgreSQL and Redis (RQ's own Worker/Queue classes write what a real worker wou
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -192,6 +193,10 @@ def test_a_403_names_the_missing_permission(client):
     assert "dispatch_app.view_dispatch_dashboard" in response.content.decode()
     response = client.post(DASHBOARD + "pause/", {"domain": "delivery", "op": "pause"})
     assert response.status_code == 403 and "dispatch_app.pause_domain" in response.content.decode()
+    client.force_login(staff("dashboard-only", "dispatch_app.view_dispatch_dashboard"))
+    response = client.get(JOBS)
+    text = html.unescape(response.content.decode())
+    assert response.status_code == 403 and "'dispatch_app.view_job', which dashboard-only lacks" in text
 
 
 @pytest.mark.django_db(transaction=True)
