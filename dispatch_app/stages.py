@@ -132,6 +132,11 @@ class Attempt:
                 stages.append(Stage(key, LABELS[key], start, end, now - start, ongoing=True))
                 stopped = True
                 continue
+            if key == "backoff" and self.dispatched_at is None and self.started_at is None and self.finished_at:
+                # Ended (cancelled, superseded) before it was ever due or sent: the later stages never began.
+                stages.append(Stage(key, LABELS[key], start, end, max(end - start, timedelta(0)), cut_short=True))
+                stopped = True
+                continue
             if end is not None:
                 stages.append(Stage(key, LABELS[key], start, end, max(end - start, timedelta(0))))
                 continue
@@ -282,7 +287,7 @@ def seconds_sql(stage: str, a: str = "a") -> str:
     due = _due_sql(a)
     if stage == "backoff":
         return (
-            f"CASE WHEN {a}.due_at > {a}.created_at AND COALESCE({a}.dispatched_at, {a}.finished_at) IS NOT NULL "
+            f"CASE WHEN {a}.due_at > {a}.created_at AND COALESCE({a}.dispatched_at, {a}.started_at) IS NOT NULL "
             f"THEN extract(epoch FROM {due} - {a}.created_at)::float8 END"
         )
     if stage == "outbox":
