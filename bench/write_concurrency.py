@@ -4,7 +4,7 @@ Every commit that called ``pg_notify`` takes PostgreSQL's cluster-wide notify
 lock until it is done, so notifying writers commit one at a time (issue 10).
 Three envelope-trigger modes, side by side in one run:
 
-- ``today``: the trigger as it was (every commit notifies);
+- ``today``: the trigger and the dispatcher as they were (every commit notifies; no arming);
 - ``conditional``: the shipped trigger (notifies only while a dispatcher is
   armed; dispatch_app.dispatch.arming);
 - ``disabled``: no trigger at all (the writers' ceiling); its dispatcher polls
@@ -84,7 +84,7 @@ class Triggers:
 class Dispatcher:
     """The shipped wake-up path in this process: Listener + arming + dispatch loop, counting missed wakes."""
 
-    def __init__(self, env, poll_interval: float = 1.0):
+    def __init__(self, env, poll_interval: float = 1.0, *, arming: bool = True):
         from dispatch_app.conf import dispatch_settings
         from dispatch_app.dispatch.listener import Listener
         from dispatch_app.dispatch.loop import DispatchLoop
@@ -99,6 +99,9 @@ class Dispatcher:
         self.unannounced = 0
         self.scans: dict[str, int] = {}
         self.listener = Listener(self.conf, self.wake, self.stop)
+        if not arming:
+            # The dispatcher as it was before conditional NOTIFY: it never arms, the trigger decides alone.
+            self.wake.arming = None
         self.loop = DispatchLoop(
             self.conf, wake=self.wake, stop=self.stop, publisher=Publisher(self.conf, env.redis()), observer=self
         )
@@ -124,6 +127,8 @@ class Dispatcher:
         self.listener.join(10)
         self.loop.close()
         arming = self.wake.arming
+        if arming is None:
+            return {"scans": self.scans}
         return {"arms": arming.arms, "disarms": arming.disarms, "handovers": arming.handovers, "scans": self.scans}
 
 
@@ -235,7 +240,9 @@ def run(ctx: Context) -> list[dict]:
         triggers.set(mode)
         # Without a trigger the dispatcher can only poll; it polls as often as a busy armed one
         # does (POLL_LINGER), so every mode moves the same work to RQ during the run.
-        dispatcher = Dispatcher(env, POLL_LINGER if mode == "disabled" else 1.0).start()
+        dispatcher = Dispatcher(
+            env, POLL_LINGER if mode == "disabled" else 1.0, arming=mode == "conditional"
+        ).start()
         arming = {}
         try:
             if what == "idle":

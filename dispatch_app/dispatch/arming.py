@@ -4,9 +4,10 @@ Every commit that called ``pg_notify`` takes PostgreSQL's cluster-wide notify
 lock (``PreCommit_Notify``) until the commit is done, so notifying writers
 commit one at a time. The envelope triggers therefore notify only while a row
 of ``dispatch_app_notifyarm`` is armed (``armed_until`` ahead). A dispatcher
-arms when it goes idle and disarms when work keeps arriving while it drains: a
-busy dispatcher scans again after a few milliseconds (POLL, a linger that
-lets batches gather) and needs no announcements.
+arms when it goes idle (two empty scans in a row after finding work) and
+disarms when work keeps arriving (a drain finds more than one envelope, or one
+was announced while it drained): a busy dispatcher scans again after a few
+milliseconds (POLL, a linger that lets batches gather) and needs no announcements.
 
 The hand-over. A writer reads the arm state in its trigger and commits later.
 If it read "not armed", its envelope must be found by a scan that starts after
@@ -97,8 +98,10 @@ STILL_RUNNING_SQL = (
 # long transaction costs a few queries a second.
 _FIRST_CHECK = 0.0005
 _MAX_CHECK = 0.05
-# Disarmed and busy: the pause before the next scan (write-concurrency, docs/benchmarks.md).
+# Disarmed and busy: the pause before the next scan, and how many empty scans in a row
+# (after work was found) mean idle (write-concurrency, docs/benchmarks.md).
 POLL_LINGER = 0.005
+EMPTY_SCANS_TO_ARM = 2
 
 
 def effective_lease(conf) -> float:
@@ -131,6 +134,7 @@ class Arming:
         self.fence: list[str] = []
         self._next_check = 0.0
         self._poll_at: float | None = None  # disarmed and busy: when to scan again
+        self._empty_scans = EMPTY_SCANS_TO_ARM  # since work was last found; a fresh dispatcher arms at once
         self._check_step = _FIRST_CHECK
         # For tests, the benchmark and the logs.
         self.arms = 0
@@ -155,6 +159,9 @@ class Arming:
         if self.stop is not None and self.stop.is_set():
             self.disarm()
             return
+        if connection.in_atomic_block:
+            # The fence must be read after the arm has committed: never arm inside a transaction.
+            return
         if self.listening is not None and not self.listening.is_set():
             # Announcements nobody hears: the listener's catch-up scan covers its reconnect.
             self.disarm()
@@ -163,16 +170,24 @@ class Arming:
         refused = getattr(result, "outage", "") or getattr(result, "transient_failures", 0)
         busy = result.claimed > 0 and not refused
         if self.armed:
-            if busy and self.wake.is_set():
-                # Work arrived while we drained, and its writers paid for announcing it:
-                # stop that; the pending wake scans again at once, and so on while busy.
+            if busy and (result.claimed > 1 or self.wake.is_set()):
+                # More than one commit since the last scan, or one announced while we drained:
+                # the writers are paying for announcements a busy dispatcher does not need.
                 self.disarm()
+                self._empty_scans = 0
+                self._poll_at = self.clock() + POLL_LINGER
             else:
                 self._renew_if_due()
         elif busy:
             # Rows keep coming: scan again soon without announcements. The short linger lets
             # a batch gather instead of claiming a few rows per round trip; it is paid only
             # under load, never by work arriving at an idle (armed) dispatcher.
+            self._empty_scans = 0
+            self._poll_at = self.clock() + POLL_LINGER
+        elif self._empty_scans + 1 < EMPTY_SCANS_TO_ARM:
+            # One empty scan under load is often only a gap between commits; arming for it
+            # would make every writer of the next few milliseconds take the notify lock.
+            self._empty_scans += 1
             self._poll_at = self.clock() + POLL_LINGER
         else:
             self.arm()
@@ -186,6 +201,7 @@ class Arming:
             cursor.execute(FENCE_SQL)
             (xids,) = cursor.fetchone()
         self.arms += 1
+        self._empty_scans = EMPTY_SCANS_TO_ARM
         self.fence = list(xids)
         self._check_step = _FIRST_CHECK
         self._next_check = self.clock() + self._check_step

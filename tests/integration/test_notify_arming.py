@@ -240,7 +240,10 @@ def test_a_busy_dispatcher_disarms_and_its_writers_stop_notifying(dispatcher, li
     assert d.wake.wait(0) == NOTIFY
     assert d.scan(NOTIFY).dispatched == 1
     assert status(job) == "dispatched"
-    # Disarmed and it found work: it scans again after a short linger (no tick), and arms when that finds nothing.
+    # Disarmed and it found work: it scans again after a short linger (no tick); two empty scans and it arms.
+    assert d.wake.wait(10) == POLL
+    assert d.scan(POLL).claimed == 0
+    assert not d.arming.armed, "one empty scan after work is only a gap"
     assert d.wake.wait(10) == POLL
     assert d.scan(POLL).claimed == 0
     assert d.arming.armed and armed_rows() == 1
@@ -324,3 +327,12 @@ def test_the_fence_ignores_transactions_of_other_databases(dispatcher, settings)
         assert far not in d.arming.fence
         elsewhere.rollback()
         here.rollback()
+
+
+def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
+    d = dispatcher()
+    d.arming.arm()
+    assert d.wake.wait(0) == HANDOVER
+    d.arming.drained(type("R", (), {"claimed": 3})())  # several commits since the last scan, none pending
+    assert not d.arming.armed and armed_rows() == 0
+    assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
