@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import connections
 
-from dispatch_app import submit
+from dispatch_app import submit, vendor_calls
 from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import DispatchEnvelope, Job, RecoveryRound
@@ -95,6 +95,8 @@ def test_table_output_names_every_domain(subprocess_env, lost_jobs):
 def test_dry_run_prints_decisions_and_leaves_every_row_as_it_was(subprocess_env, redis_conn, lost_jobs):
     running = Job.objects.get(pk=lost_jobs[DOMAIN_KEYS.index("agent")].pk)
     Job.objects.filter(pk=running.pk).update(status="running")
+    # It died inside a tool call: recorded in the vendor-call ledger, and agent tools cannot be asked.
+    vendor_calls.record(running.pk, running.attempt, 0, "agent-step-0", "local-agent-step")
     before, redis_before = snapshot(), sorted(redis_conn.keys("*"))
 
     proc = recover(subprocess_env, "--once", "--dry-run")
@@ -106,7 +108,7 @@ def test_dry_run_prints_decisions_and_leaves_every_row_as_it_was(subprocess_env,
     delivery = lines[f"delivery:{lost_jobs[DOMAIN_KEYS.index('delivery')].pk}"]
     assert "redispatch" in delivery and "RQ job is missing" in delivery
     agent = lines[f"agent:{running.pk}"]
-    assert "outcome_unknown" in agent and "cannot be checked" in agent
+    assert "outcome_unknown" in agent and "agent-step-0" in agent and "cannot be asked" in agent
     assert "dispatch drain" not in proc.stdout
 
 
