@@ -145,6 +145,21 @@ def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bo
         return cursor.rowcount == 1
 
 
+def abandon_in_doubt(job_id: int, reason: str) -> int:
+    """An operator's decision to retry anyway: the job's calls in doubt count as not taken effect.
+
+    Without it, a retry of an ``outcome_unknown`` job stops at the same call in
+    doubt again. Returns how many calls were settled; call it in the retry's transaction.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLE} SET status = 'failed', error = %s, finished_at = clock_timestamp() "
+            "WHERE job_id = %s AND status IN ('pending', 'unknown')",
+            [f"abandoned: {reason}"[:4000], job_id],
+        )
+        return cursor.rowcount
+
+
 def confirmed_result(call: Call) -> dict:
     """What a retry gets for a call the vendor confirmed but whose own result was never recorded."""
     return {"request_id": call.request_id, "confirmed_by_vendor": True}

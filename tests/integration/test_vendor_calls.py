@@ -171,9 +171,7 @@ def test_recovery_trusts_a_pending_vendor_only_up_to_the_bound(redis_conn, make_
     assert provider.calls == []
 
 
-def test_a_worker_finishes_while_recovery_waits_on_the_vendor_and_recovery_then_stands_down(
-    redis_conn, make_provider
-):
+def test_a_worker_finishes_while_recovery_waits_on_the_vendor_and_recovery_then_stands_down(redis_conn, make_provider):
     provider = make_provider()
     job = submit("image_series", {"product_id": "p", "prompt": "shoe", "count": 2, "size": 8})
     _died_inside_call_two(job, provider, "pending")
@@ -248,3 +246,29 @@ def test_candidates_that_raise_are_backed_off_so_the_27th_is_handled(redis_conn,
     assert second.redispatched == 1
     assert statuses([jobs[26]]) == {jobs[26].pk: ("submitted", 2)}
     assert statuses([jobs[0]]) == {jobs[0].pk: ("queued", 1)}  # backed off, not touched otherwise
+
+
+def test_an_operator_can_abandon_the_calls_in_doubt_so_a_retry_makes_them_again(make_provider):
+    from django.db import transaction
+
+    from dispatch_app.outbox import redispatch
+
+    provider = make_provider(latency_ms=400, timeout=0.05)
+    job = submit("agent", {"goal": "caption", "max_steps": 2})
+    assert "outcome_unknown" in run(job)
+    assert "outcome_unknown" in run_retry(job, redispatch, transaction, abandon=False)  # stops at the same step
+
+    provider.latency = 0
+    assert run_retry(job, redispatch, transaction, abandon=True) == {"succeeded": True}
+    assert ledger(job) == [(0, 1, "failed"), (0, 3, "succeeded"), (1, 3, "succeeded")]
+
+
+def run_retry(job, redispatch, transaction, *, abandon: bool) -> dict:
+    job.refresh_from_db()
+    with transaction.atomic():
+        if abandon:
+            assert vendor_calls.abandon_in_doubt(job.pk, "retried by an operator") == 1
+        assert redispatch(
+            job.pk, job.attempt, kind="operator_redispatch", reason="test", allowed_statuses=("outcome_unknown",)
+        )
+    return run(job)
