@@ -221,7 +221,9 @@ class DispatchLoop:
 
     def dispatch_batch(self, trigger: str = TICK) -> DrainResult:
         """One batch, start to finish: claim, send, record."""
-        return self._record(*self._claim_and_send(trigger))
+        result, record = self._claim_and_send(trigger)
+        self._judge(result, record)
+        return self._record(result, record)
 
     def _claim_and_send(self, trigger: str, limit: int | None = None) -> tuple[DrainResult, _BatchRecord | None]:
         conf = self.conf
