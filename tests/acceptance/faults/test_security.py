@@ -128,7 +128,10 @@ def test_admin_needs_staff_and_the_specific_permission_and_acts_through_the_outb
     operator = Client()
     operator.force_login(_user("operator", staff=True, perms=VIEW + ("dispatch_app.retry_job",)))
     assert "retry_now" in operator.get(JOBS).content.decode()
-    operator.post(JOBS, action)
+    page = operator.post(JOBS, action)  # a confirmation page first (issue 12): nothing changes yet
+    assert "pf-confirm-retry" in page.content.decode()
+    assert DispatchEnvelope.objects.filter(job=job).count() == 1, "retried before the operator confirmed"
+    operator.post(JOBS, {**action, "confirmed": "yes"})
     assert list(DispatchEnvelope.objects.filter(job=job).order_by("attempt").values_list("attempt", "status")) == [
         (1, "dispatched"),
         (2, "pending"),
