@@ -138,7 +138,13 @@ def banners(data: dict) -> list[dict]:
         add("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
     for p in data["dispatchers"]:
         if p["stale"]:
-            add("error", "stale-process", f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])}.")
+            # A process gone silent (killed, host lost) stays listed until retention forgets it: amber, since
+            # "no live dispatcher" above is the red one when nothing replaced it.
+            add(
+                "warning",
+                "stale-process",
+                f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without notice?).",
+            )
             continue
         for loop in p["loops"]:
             if loop["stale"]:

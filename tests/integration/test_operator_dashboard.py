@@ -135,7 +135,10 @@ def test_a_worker_failing_every_job_dead_envelopes_and_a_stale_loop_are_banners(
         f"UPDATE dispatch_app_loopheartbeat SET last_tick_at = {ago(30)}, last_error_at = {ago(2)} WHERE id = %s",
         [child.pk],
     )
+    gone = DispatcherProcess.objects.create(name="h:2:y", hostname="h", pid=2)
+    sql(f"UPDATE dispatch_app_dispatcherprocess SET last_seen_at = {ago(3600)} WHERE id = %s", [gone.pk])
     data = board.build(redis_conn=redis_conn)
+    assert [b["level"] for b in data["banners"] if b["key"] == "stale-process"] == ["warning"]
     texts = {b["key"]: [] for b in data["banners"]}
     for b in data["banners"]:
         texts[b["key"]].append(b["text"])
