@@ -34,6 +34,8 @@ log = logging.getLogger("dispatch_app.dispatch")
 
 # The first pause probes after this long even when SEND_BACKOFF_BASE is 0 (no busy probing).
 MIN_PROBE_BACKOFF = 0.1
+# Bounds the memory of given-back envelope ids (beyond it, a long outage's backlog may count as missed wake-ups).
+MAX_REMEMBERED_GIVE_BACKS = 100_000
 
 
 def check_send_lease(conf: DispatchSettings, publisher: Publisher | None = None) -> float:
@@ -122,6 +124,9 @@ class DispatchLoop:
         self.observer = observer  # metrics hook: observer.drained(result)
         self.scans = 0
         self._marker = Marker()
+        # Envelopes this process gave back during an outage: their attempt was taken back, so the next claim
+        # reads as a first send, but a tick that finds them again is no missed wake-up.
+        self._given_back: set[int] = set()
         self.breaker = CircuitBreaker(
             max(conf.SEND_BACKOFF_BASE, MIN_PROBE_BACKOFF),
             max(min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX), MIN_PROBE_BACKOFF, conf.SEND_BACKOFF_BASE),
@@ -242,7 +247,10 @@ class DispatchLoop:
         result.batches = 1
         result.batch_sizes.append(result.claimed)
         if trigger == TICK:
-            result.unannounced = sum(1 for e in batch.envelopes if e.first_send)
+            given_back = self._given_back
+            result.unannounced = sum(1 for e in batch.envelopes if e.first_send and e.envelope_id not in given_back)
+        if self._given_back:
+            self._given_back.difference_update(e.envelope_id for e in batch.envelopes)
 
         record = _BatchRecord(token=batch.token)
         sendable = []
@@ -323,6 +331,9 @@ class DispatchLoop:
         result.released = claim.release(record.skipped_ids, record.token)
         note = f"dispatch paused: {result.outage}: {record.outage_error}"
         result.outage_released = outage.give_back(record.outage_ids, record.token, note, record.outage_delay)
+        # Outage batches are recorded on the loop's thread (they never continue the drain), as is every claim.
+        if record.outage_ids and len(self._given_back) < MAX_REMEMBERED_GIVE_BACKS:
+            self._given_back.update(record.outage_ids)
         return result
 
     def _record_failure(self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool) -> None:
