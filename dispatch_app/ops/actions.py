@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from dispatch_app import outbox
+from dispatch_app import outbox, vendor_calls
 from dispatch_app.conf import NOTIFY_CHANNEL
 from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
@@ -108,15 +108,25 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
             reason=f"retry now by {_actor(user)} (was {status})",
             allowed_statuses=("submitted", "queued", "running", *RETRYABLE_FINISHED),
         )
+        abandoned = 0
         if new_attempt is not None and status in RETRYABLE_FINISHED:
             cursor.execute(f"UPDATE {JOB} SET finished_at = NULL, result = NULL WHERE id = %s", [job_id])
         if new_attempt is not None:
+            # The operator confirmed a retry knowing the vendor calls in doubt (the confirmation page names them):
+            # they count as not taken effect, or the new attempt would stop at the same call in doubt again.
+            abandoned = vendor_calls.abandon_in_doubt(job_id, f"operator retry by {_actor(user)}")
+            note = f" ({abandoned} vendor call(s) in doubt will be made again)" if abandoned else ""
             _admin_log(
-                user, Job, job_id, f"job {job_id}", f"Retried through the outbox: attempt {new_attempt} (was {status})"
+                user,
+                Job,
+                job_id,
+                f"job {job_id}",
+                f"Retried through the outbox: attempt {new_attempt} (was {status}){note}",
             )
     if new_attempt is None:
         return Outcome(False, f"job {job_id} moved on; nothing done")
-    return Outcome(True, f"job {job_id} re-dispatched as attempt {new_attempt} (was {status})")
+    note = f"; {abandoned} vendor call(s) in doubt will be made again" if abandoned else ""
+    return Outcome(True, f"job {job_id} re-dispatched as attempt {new_attempt} (was {status}){note}")
 
 
 REARM_SQL = f"""
