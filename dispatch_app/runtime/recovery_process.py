@@ -97,7 +97,7 @@ def child_argv(conf: DispatchSettings, domains: list[str], *, nice: int, report_
         "--domains",
         ",".join(domains),
         "--shutdown-deadline",
-        str(max(0.1, conf.SHUTDOWN_DEADLINE * CHILD_DEADLINE_SHARE)),
+        f"{max(0.1, conf.SHUTDOWN_DEADLINE * CHILD_DEADLINE_SHARE):.3f}",
     ]
 
 
