@@ -6,6 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_COUNT ?= 2000
 DEMO_RATE ?= 200
+# make run-worker WORKER_ARGS="--queues delivery --processes 4"
+WORKER_ARGS ?=
 
 .PHONY: demo test lint bench bench-quick embedded-stop run-dispatcher run-worker
 
@@ -43,8 +45,7 @@ run-dispatcher: $(VENV)/.installed
 	$(PY) manage.py rundispatcher
 
 run-worker: $(VENV)/.installed
-	$(PY) manage.py rqworker workflow image_series delivery partial_edit agent \
-		--serializer rq.serializers.JSONSerializer --worker-class rq.worker.SimpleWorker
+	$(PY) manage.py runworkers $(WORKER_ARGS)
 
 embedded-stop: $(VENV)/.installed
 	$(PY) manage.py embedded stop

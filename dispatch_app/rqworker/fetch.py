@@ -2,9 +2,11 @@
 
 A taken job moves from its queue to the queue's intermediate list (LMOVE), as
 RQ's own worker does with BLMOVE: until its start is written it is "taken but
-not started", and RQ's maintenance (IntermediateQueue.cleanup) fails one left
-there for over a minute by a dead worker. The script also returns each job's
-hash, so taking N jobs costs one round trip instead of 2N.
+not started". The script also returns each job's hash, so taking N jobs costs
+one round trip instead of 2N, and marks the job with the worker that took it
+(``pf_taken_by``, a hash field RQ ignores): a job taken by a worker that died
+(kill -9) before starting it goes back to its queue at the next ``rescue``, by
+any worker, instead of waiting for RQ's maintenance to fail it.
 """
 
 from __future__ import annotations
@@ -17,26 +19,34 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
+TAKEN_BY = "pf_taken_by"
+
 # KEYS: the suspension flag, then (queue, intermediate) pairs in priority order.
-# ARGV: [1] how many jobs at most, [2] the job hash key prefix, [3] (optional) a
-# job id already popped from the queue given in [4] (the blocking wait's catch).
-TAKE_SCRIPT = """
-if redis.call('EXISTS', KEYS[1]) == 1 and not ARGV[3] then return {1} end
+# ARGV: [1] how many jobs at most, [2] the job hash key prefix, [3] the worker's
+# name, [4] (optional) a job id already popped from the queue of pair [5] (the
+# blocking wait's catch), [6] '1' if it still has to go to the intermediate list.
+TAKE_SCRIPT = (
+    """
+if redis.call('EXISTS', KEYS[1]) == 1 and not ARGV[4] then return {1} end
 local out = {0}
 local left = tonumber(ARGV[1])
 local function take(pair, id)
-  local hash = redis.call('HGETALL', ARGV[2] .. id)
+  local key = ARGV[2] .. id
+  local hash = redis.call('HGETALL', key)
   if #hash == 0 then
     redis.call('LREM', KEYS[pair + 1], 1, id)
     return
   end
+  redis.call('HSET', key, '"""
+    + TAKEN_BY
+    + """', ARGV[3])
   table.insert(out, {pair, id, hash})
   left = left - 1
 end
-if ARGV[3] then
-  local pair = tonumber(ARGV[4])
-  if ARGV[5] == '1' then redis.call('RPUSH', KEYS[pair + 1], ARGV[3]) end
-  take(pair, ARGV[3])
+if ARGV[4] then
+  local pair = tonumber(ARGV[5])
+  if ARGV[6] == '1' then redis.call('RPUSH', KEYS[pair + 1], ARGV[4]) end
+  take(pair, ARGV[4])
 end
 for pair = 2, #KEYS, 2 do
   while left > 0 do
@@ -48,6 +58,31 @@ for pair = 2, #KEYS, 2 do
 end
 return out
 """
+)
+
+# KEYS: (queue, intermediate) pairs. ARGV: [1] job hash key prefix, [2] worker hash key prefix.
+# A job in an intermediate list whose taker's hash is gone (it died) and that never
+# started goes back to the head of its queue; returns how many.
+RESCUE_SCRIPT = (
+    """
+local moved = 0
+for pair = 1, #KEYS, 2 do
+  local ids = redis.call('LRANGE', KEYS[pair + 1], 0, -1)
+  for _, id in ipairs(ids) do
+    local key = ARGV[1] .. id
+    local owner = redis.call('HGET', key, '"""
+    + TAKEN_BY
+    + """')
+    if owner and redis.call('EXISTS', ARGV[2] .. owner) == 0 and redis.call('HGET', key, 'status') == 'queued' then
+      redis.call('LREM', KEYS[pair + 1], 1, id)
+      redis.call('LPUSH', KEYS[pair], id)
+      moved = moved + 1
+    end
+  end
+end
+return moved
+"""
+)
 
 
 @dataclass
@@ -61,8 +96,9 @@ class Suspended(Exception):
 
 
 class Fetcher:
-    def __init__(self, connection: redis.Redis, queues: list[Queue], job_class: type[Job], serializer):
+    def __init__(self, connection: redis.Redis, queues: list[Queue], job_class: type[Job], serializer, name: str):
         self.connection = connection
+        self.name = name
         self.queues = queues
         self.job_class = job_class
         self.serializer = serializer
@@ -70,6 +106,7 @@ class Fetcher:
         for queue in queues:
             self.keys += [queue.key, IntermediateQueue.get_intermediate_queue_key(queue.key)]
         self._script = connection.register_script(TAKE_SCRIPT)
+        self._rescue = connection.register_script(RESCUE_SCRIPT)
 
     def take(self, limit: int, popped: tuple[int, str, bool] | None = None) -> list[Taken]:
         """Up to ``limit`` ready jobs, in RQ's queue priority order; raises Suspended.
@@ -77,7 +114,7 @@ class Fetcher:
         ``popped`` is (queue index, job id, needs moving to the intermediate list)
         for a job the blocking wait already took off its queue.
         """
-        args: list = [limit, Job.redis_job_namespace_prefix]
+        args: list = [limit, Job.redis_job_namespace_prefix, self.name]
         if popped is not None:
             index, job_id, move = popped
             args += [job_id, 2 + 2 * index, "1" if move else "0"]
@@ -110,6 +147,13 @@ class Fetcher:
             return None
         key, job_id = reply[0].decode(), reply[1].decode()
         return next(i for i, q in enumerate(self.queues) if q.key == key), job_id, True
+
+    def rescue(self) -> int:
+        """Jobs taken by dead workers and never started go back to the head of their queues."""
+        from rq.worker import Worker
+
+        prefixes = [Job.redis_job_namespace_prefix, Worker.redis_worker_namespace_prefix]
+        return self._rescue(keys=self.keys[1:], args=prefixes)
 
     def give_back(self, taken: list[Taken]) -> None:
         """Return taken-but-not-started jobs to the head of their queues, in their order."""

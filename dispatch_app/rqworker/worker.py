@@ -50,6 +50,8 @@ FAST_JOB_SECONDS = 0.05
 # fails jobs left in the intermediate list for over a minute.
 HOLD_SECONDS = 20.0
 IDLE_WAIT_SECONDS = 1.0
+# How often a worker looks for jobs a dead worker took and never started (one script call).
+RESCUE_SECONDS = 30.0
 RECENT_OUTCOMES = 20
 # Worker hash fields this worker adds for the health view (dispatch_app.rqworker.health).
 RECENT_FIELD = "pf_recent"
@@ -74,6 +76,7 @@ class PipelineWorker(SimpleWorker):
         self._told_undeserializable = False
         self._job_seconds = 0.0
         self._beat: Heartbeat | None = None
+        self._rescue_at = 0.0
         self._fetcher: Fetcher | None = None
         super().__init__(queues, *args, **kwargs)
 
@@ -134,7 +137,7 @@ class PipelineWorker(SimpleWorker):
     def bootstrap(self, logging_level="INFO", date_format=None, log_format=None):
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v}
         self._retrying(lambda: super(PipelineWorker, self).bootstrap(logging_level, **kwargs), "worker_start")
-        self._fetcher = Fetcher(self.connection, self._ordered_queues, self.job_class, self.serializer)
+        self._fetcher = Fetcher(self.connection, self._ordered_queues, self.job_class, self.serializer, self.name)
         self._beat = Heartbeat(self, self.heartbeat_interval)
         self._beat.start()
 
@@ -187,6 +190,8 @@ class PipelineWorker(SimpleWorker):
                 try:
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
+                    if time.monotonic() >= self._rescue_at:
+                        self._rescue_orphans()
                     limit = self.prefetch if self._job_seconds < FAST_JOB_SECONDS else 1
                     if max_jobs is not None:
                         limit = min(limit, max_jobs - completed)
@@ -258,7 +263,12 @@ class PipelineWorker(SimpleWorker):
             self._flush_pending()
             return super().execute_job(job, queue)
 
-        execution = self._write_start(job, queue)
+        try:
+            execution = self._write_start(job, queue)
+        except (redis.ConnectionError, redis.TimeoutError):
+            # Not started: it goes back to its queue with the rest once Redis answers.
+            self._buffer.insert(0, (taken, time.monotonic()))
+            raise
         started = time.monotonic()
         job.started_at = now()
         try:
@@ -317,9 +327,7 @@ class PipelineWorker(SimpleWorker):
         if self._pending is None:
             return None
         job, queue, execution = self._pending
-        self._pending = None
         job._status = JobStatus.FINISHED
-        self.successful_job_count += 1
         self.increment_successful_job_count(pipeline=pipe)
         self.increment_total_working_time(job.ended_at - job.started_at, pipe)
         pipe.hset(job.key, mapping={"status": JobStatus.FINISHED, "ended_at": utcformat(job.ended_at)})
@@ -335,6 +343,9 @@ class PipelineWorker(SimpleWorker):
     def _after_end(self, after, results) -> None:
         if after is None:
             return
+        # Written: until now a failed write leaves it pending, to be written after a Redis outage.
+        self._pending = None
+        self.successful_job_count += 1
         job, queue, index = after
         if results[index]:
             self._enqueue_dependents_safely(queue, job)
@@ -394,6 +405,18 @@ class PipelineWorker(SimpleWorker):
         self.handle_job_failure(job, queue, exc_string=f"DeserializationError: {type(cause).__name__}: {cause}")
         self.failed_job_count += 1
 
+    def _rescue_orphans(self) -> None:
+        """At start-up and then every RESCUE_SECONDS: return jobs that dead workers took but never started."""
+        self._rescue_at = time.monotonic() + RESCUE_SECONDS
+        moved = self._fetcher.rescue()
+        if moved:
+            log.warning(
+                "worker %s: %d job(s) taken by a dead worker and never started went back to their queues",
+                self.name,
+                moved,
+                extra={"action": "worker_rescued_taken_jobs", "domain": "worker"},
+            )
+
     # --- Redis outages -----------------------------------------------------------------
     def _redis_down(self, exc: Exception) -> None:
         """Wait with backoff until Redis answers, then carry on (RQ's worker exits here)."""
@@ -434,4 +457,3 @@ class PipelineWorker(SimpleWorker):
         if self._pending is not None and not self.connection.exists(self._pending[0].key):
             self._pending = None  # Redis lost the job: writing its end would create a stub hash
         self._flush_pending()
-

@@ -1,12 +1,13 @@
 """``manage.py demo``: the main job end to end on whatever PostgreSQL/Redis the settings name.
 
-Starts rundispatcher and an RQ worker as real subprocesses, submits demo
+Starts rundispatcher and ``runworkers`` (the project's PipelineWorkers) as real subprocesses, submits demo
 traffic with loadgen, waits until every job is finished, stops the processes
 and prints the per-stage latency table (database clock).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from dispatch_app.domains import DOMAIN_KEYS, QUEUE_NAMES
+from dispatch_app.domains import DOMAIN_KEYS
 from dispatch_app.latency import format_table, stage_latencies
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 from dispatch_app.management.commands.loadgen import generate, progress_bar
@@ -44,32 +45,27 @@ def _stop(processes: list[subprocess.Popen], deadline: float) -> None:
 
 
 class Command(BaseCommand):
-    help = "Run dispatcher + RQ worker + demo traffic, then print per-stage latencies."
+    help = "Run dispatcher + workers (runworkers) + demo traffic, then print per-stage latencies."
 
     def add_arguments(self, parser):
         parser.add_argument("--count", type=positive_int, default=2000, help="jobs to submit (default 2000)")
         parser.add_argument("--rate", type=positive_float, default=200.0, help="jobs per second (default 200)")
         parser.add_argument("--domains", type=domain_list, help="comma-separated subset of domains (default: all)")
-        parser.add_argument("--workers", type=positive_int, default=2, help="RQ worker processes (default 2)")
+        parser.add_argument(
+            "--workers", type=positive_int, help="worker processes (default: the number of cores, as runworkers)"
+        )
         parser.add_argument("--timeout", type=positive_float, default=300.0, help="give up after this many seconds")
 
     def handle(self, *args, **options):
         domains = options["domains"] or list(DOMAIN_KEYS)
         log_dir = Path(settings.BASE_DIR) / "var" / "demo"
         log_dir.mkdir(parents=True, exist_ok=True)
+        workers = options["workers"] or os.cpu_count() or 1
         processes = [_spawn(["rundispatcher", "--no-recovery"], log_dir / "rundispatcher.log")]
-        worker_args = [
-            "rqworker",
-            *QUEUE_NAMES,
-            "--serializer",
-            "rq.serializers.JSONSerializer",
-            "--worker-class",
-            "rq.worker.SimpleWorker",
-        ]
-        processes += [_spawn(worker_args, log_dir / f"rqworker-{i}.log") for i in range(options["workers"])]
-        self.stdout.write(f"started rundispatcher and {options['workers']} RQ worker(s); logs in {log_dir}")
+        processes.append(_spawn(["runworkers", "--processes", str(workers)], log_dir / "runworkers.log"))
+        self.stdout.write(f"started rundispatcher and runworkers ({workers} worker process(es)); logs in {log_dir}")
         try:
-            self._wait_ready(processes, options["workers"], log_dir / "rundispatcher.log")
+            self._wait_ready(processes, workers, log_dir / "rundispatcher.log")
             started = time.monotonic()
             first, last = generate(options["count"], domains, options["rate"], progress_bar(sys.stderr))
             self._wait_finished(first, last, processes, started + options["timeout"])

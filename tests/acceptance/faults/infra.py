@@ -25,7 +25,8 @@ from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 FIGURES_DIR = ROOT / "var" / "fault-figures"
-WORKER_ARGS = ("--serializer", "rq.serializers.JSONSerializer", "--worker-class", "rq.worker.SimpleWorker")
+# The project's worker command: PipelineWorker and the JSON serializer always; one process per Proc.
+WORKER_ARGS = ("--processes", "1")
 
 
 # --- PostgreSQL --------------------------------------------------------------
@@ -273,7 +274,7 @@ class Stack:
         return self.spawn(name, argv, **env)
 
     def worker(self, *queues: str, name: str = "worker", burst: bool = False, **env) -> Proc:
-        argv = [PYTHON, MANAGE, "rqworker", *(queues or ("delivery",)), *WORKER_ARGS]
+        argv = [PYTHON, MANAGE, "runworkers", "--queues", ",".join(queues or ("delivery",)), *WORKER_ARGS]
         if burst:
             argv.append("--burst")
         return self.spawn(name, argv, **env)

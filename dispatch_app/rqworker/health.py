@@ -1,0 +1,146 @@
+"""Per live worker: what it serves, what it is doing, and whether it fails everything it touches.
+
+Read from RQ's worker hashes (every RQ worker has one) plus the fields
+PipelineWorker adds (its recent outcomes, undeserializable jobs). A worker that
+fails every job - e.g. one that cannot read the jobs it is given - shows as
+``failing_every_job`` on the dashboard and in ``manage.py dispatchstats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+import redis
+from rq import worker_registration
+from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
+from rq.utils import parse_composite_key, utcparse
+from rq.worker import Worker
+
+from dispatch_app.rqworker.worker import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
+
+# This many failed jobs in a row, and none succeeded since, is "fails every job".
+FAILING_STREAK = 5
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    name: str
+    queues: list[str]
+    state: str
+    last_heartbeat: datetime | None
+    heartbeat_age: float | None  # seconds, by Redis' own clock (TIME)
+    current_job: str | None
+    successful: int
+    failed: int
+    recent: str  # PipelineWorker only: last outcomes, oldest first: s(ucceeded) f(ailed) d(eserialisation failed)
+    undeserializable: int
+    last_error: str
+    failing_every_job: bool
+    pid: int | None
+    hostname: str | None
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["last_heartbeat"] = self.last_heartbeat.isoformat() if self.last_heartbeat else None
+        return data
+
+
+def failing(recent: str, failed: int, successful: int) -> bool:
+    """The last FAILING_STREAK outcomes all failed, or every job since the first undeserializable one has."""
+    if recent:
+        tail = recent[-FAILING_STREAK:]
+        if len(tail) == FAILING_STREAK and "s" not in tail:
+            return True
+        return "d" in recent and "s" not in recent[recent.index("d") :]
+    # A worker of another class: only its counters.
+    return successful == 0 and failed >= FAILING_STREAK
+
+
+def _text(data: dict, key: str) -> str:
+    value = data.get(key.encode())
+    return value.decode(errors="replace") if value is not None else ""
+
+
+def _int(data: dict, key: str) -> int:
+    try:
+        return int(float(_text(data, key) or 0))
+    except ValueError:
+        return 0
+
+
+def workers(connection: redis.Redis) -> list[WorkerHealth]:
+    """Every registered worker whose hash still exists (a dead one's hash expires), by name."""
+    keys = sorted(worker_registration.get_keys(connection=connection))
+    if not keys:
+        return []
+    prefix = Worker.redis_worker_namespace_prefix
+    names = [k[len(prefix) :] for k in keys]
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.time()
+        for key, name in zip(keys, names, strict=True):
+            pipe.hgetall(key)
+            pipe.smembers(WORKER_EXECUTIONS_KEY_TEMPLATE.format(name))
+        replies = pipe.execute()
+    seconds, micros = replies[0]
+    redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
+    out = []
+    for i, name in enumerate(names):
+        data, executions = replies[1 + 2 * i], replies[2 + 2 * i]
+        if not data or data.get(b"death"):
+            continue
+        beat = _text(data, "last_heartbeat")
+        last = utcparse(beat) if beat else None
+        current = sorted(parse_composite_key(m.decode())[0] for m in executions)
+        successful, failed = _int(data, "successful_job_count"), _int(data, "failed_job_count")
+        recent = _text(data, RECENT_FIELD)
+        out.append(
+            WorkerHealth(
+                name=name,
+                queues=[q for q in _text(data, "queues").split(",") if q],
+                state=_text(data, "state") or "?",
+                last_heartbeat=last,
+                heartbeat_age=round((redis_now - last).total_seconds(), 3) if last else None,
+                current_job=current[0] if current else None,
+                successful=successful,
+                failed=failed,
+                recent=recent,
+                undeserializable=_int(data, UNDESERIALIZABLE_FIELD),
+                last_error=_text(data, LAST_ERROR_FIELD),
+                failing_every_job=failing(recent, failed, successful),
+                pid=_int(data, "pid") or None,
+                hostname=_text(data, "hostname") or None,
+            )
+        )
+    return out
+
+
+def snapshot(connection: redis.Redis | None = None) -> dict:
+    """{"workers": [...as_dict()], "error": ""}; Redis being down is reported, not raised."""
+    if connection is None:
+        from dispatch_app.dispatch.publisher import redis_connection
+
+        connection = redis_connection()
+    try:
+        return {"workers": [w.as_dict() for w in workers(connection)], "error": ""}
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return {"workers": [], "error": f"Redis unavailable: {exc}"}
+
+
+def render(snap: dict) -> list[str]:
+    """The ``workers`` section of ``manage.py dispatchstats``, from ``snapshot()``."""
+    lines = ["workers"]
+    if snap.get("error"):
+        return [*lines, f"  {snap['error']}"]
+    if not snap["workers"]:
+        return [*lines, "  none running"]
+    for w in snap["workers"]:
+        age = "-" if w["heartbeat_age"] is None else f"{w['heartbeat_age']:.0f}s"
+        flag = "  FAILING EVERY JOB" if w["failing_every_job"] else ""
+        lines.append(
+            f"  {w['name']}  {w['state']:<9} {','.join(w['queues'])}  heartbeat {age} ago  "
+            f"ok {w['successful']} failed {w['failed']}  job {w['current_job'] or '-'}{flag}"
+        )
+        if w["failing_every_job"] and w["last_error"]:
+            lines.append(f"    last error: {w['last_error']}")
+    return lines
