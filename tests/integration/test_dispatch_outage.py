@@ -57,9 +57,7 @@ def test_oom_pauses_dispatch_gives_envelopes_back_uncounted_and_a_probe_resumes_
     jobs = submit_many([("delivery", PAYLOADS["delivery"])] * 7)
     clock, log, tracker = Clock(), DrainLog(), HeartbeatTracker(clock=lambda: 0.0)
     metrics = DispatchMetrics(database=False)
-    loop = DispatchLoop(
-        conf, publisher=Publisher(conf, redis), observer=FanOut(log, tracker, metrics), clock=clock
-    )
+    loop = DispatchLoop(conf, publisher=Publisher(conf, redis), observer=FanOut(log, tracker, metrics), clock=clock)
     try:
         first = loop.run_once()
         assert (first.claimed, first.outage_released, first.dead, first.failed) == (5, 5, 0, 0)

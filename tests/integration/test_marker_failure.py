@@ -31,9 +31,9 @@ def test_the_next_batch_is_marked_even_when_the_previous_batchs_mark_fails(redis
             loop.run_once()
 
         # Batch 2 (sent after batch 1's mark was handed to the marker) is marked anyway.
-        assert set(
-            DispatchEnvelope.objects.filter(job_id__in=second_batch).values_list("status", flat=True)
-        ) == {"dispatched"}
+        assert set(DispatchEnvelope.objects.filter(job_id__in=second_batch).values_list("status", flat=True)) == {
+            "dispatched"
+        }
         # Batch 1 stays leased, as after a crash; it is in Redis already.
         pending = DispatchEnvelope.objects.filter(job_id__in=first_batch)
         assert {(e.status, e.lease_token is not None) for e in pending} == {("pending", True)}
