@@ -192,8 +192,10 @@ def banners(data: dict) -> list[dict]:
             add(
                 "error",
                 "failing-worker",
-                f"Worker {w['name']} on {w['hostname']} fails every job: {w['failed']} failed, 0 succeeded "
-                "(a misconfigured worker: serializer, import path?).",
+                f"Worker {w['name']} on {w['hostname']} fails every job ({w['failed']} failed, {w['successful']} "
+                "succeeded; a misconfigured worker: serializer, import path?)"
+                + (f": {w['last_error']}" if w.get("last_error") else "")
+                + ".",
             )
     for domain, p in data["paused"].items():
         add(

@@ -32,13 +32,12 @@ from django.conf import settings
 from django.db import connection
 
 from dispatch_app.domains import REGISTRY
+from dispatch_app.rqworker import health
+from dispatch_app.rqworker.worker import LAST_ERROR_FIELD, RECENT_FIELD
 
 REDIS_TIMEOUT = 2.0
 WORKER_PREFIX = "rq:worker:"
 RQ_ID = re.compile(r"^pf-(\d+)-(\d+)$")
-# RQ counts a job "failed" only when the task raised (or could not be loaded or deserialized): our business
-# failures return normally. A worker with this many such failures and no success is failing every job.
-FAILING_AFTER = 3
 
 
 @cache
@@ -102,10 +101,14 @@ class WorkerInfo:
     current_job: str
     successful: int
     failed: int
+    recent: str = ""  # PipelineWorker's last outcomes (rqworker.health)
+    last_error: str = ""
 
     @property
     def failing_every_job(self) -> bool:
-        return self.alive and self.failed >= FAILING_AFTER and self.successful == 0
+        """rqworker.health's rule: the last outcomes all failed, or every job since one it could not deserialize
+        (RQ counts a job failed only when the task raised or could not be loaded: business failures return)."""
+        return self.alive and health.failing(self.recent, self.failed, self.successful)
 
 
 def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
@@ -130,6 +133,8 @@ def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
         current_job=data.get("current_job", ""),
         successful=int(data.get("successful_job_count") or 0),
         failed=int(data.get("failed_job_count") or 0),
+        recent=data.get(RECENT_FIELD, ""),
+        last_error=data.get(LAST_ERROR_FIELD, ""),
     )
 
 

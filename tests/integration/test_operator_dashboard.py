@@ -118,6 +118,10 @@ def test_a_worker_failing_every_job_dead_envelopes_and_a_stale_loop_are_banners(
     w = worker(redis_conn, "agent", name="w-broken")
     for _ in range(5):
         w.increment_failed_job_count()
+    # The project's PipelineWorker also keeps its recent outcomes: succeeded twice, then cannot deserialize.
+    p = worker(redis_conn, "workflow", name="w-pickle")
+    redis_conn.hset(p.key, mapping={"pf_recent": "ssd", "pf_last_error": "DeserializationError: invalid load key"})
+    redis_conn.hset(p.key, mapping={"successful_job_count": 2, "failed_job_count": 1})
     envelope(job("agent", "failed"), "dead", last_error="refused")
     envelope(job("retired", "failed"), "dead", last_error="unknown domain")
     process = DispatcherProcess.objects.create(name="h:1:x", hostname="h", pid=1)
@@ -143,6 +147,9 @@ def test_a_worker_failing_every_job_dead_envelopes_and_a_stale_loop_are_banners(
     for b in data["banners"]:
         texts[b["key"]].append(b["text"])
     assert any("w-broken" in t and "fails every job" in t for t in texts["failing-worker"])
+    assert any(
+        "w-pickle" in t and t.endswith(": DeserializationError: invalid load key.") for t in texts["failing-worker"]
+    )
     assert any(t.startswith("agent: 1 dead envelope") for t in texts["dead-envelopes"])
     assert any(t.startswith("retired (not a registered domain): 1 dead") for t in texts["dead-envelopes"]), texts
     assert any("recovery-agent" in t for t in texts["stale-loop"])
@@ -150,6 +157,7 @@ def test_a_worker_failing_every_job_dead_envelopes_and_a_stale_loop_are_banners(
     assert texts["recovery-process"] == ["Recovery child process of h:1:x: ChildExited: died."]
     assert "no-dispatcher" not in texts
     w.register_death()
+    p.register_death()
 
 
 @pytest.mark.django_db
