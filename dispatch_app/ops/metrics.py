@@ -303,7 +303,10 @@ class OperatorCollector:
                 paused = actions.paused_domains(cursor)
                 rq = rqside.snapshot()
         except Exception:
-            log.exception("metrics scrape could not read job attempts", extra={"action": "metrics_db_error"})
+            log.exception(
+                "metrics scrape could not read job attempts or the RQ side",
+                extra={"action": "metrics_operator_error", "domain": "ops"},
+            )
             return
         finally:
             if not connection.in_atomic_block:

@@ -20,6 +20,7 @@ once. A worker hash marked with ``death`` or gone is dead.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -34,6 +35,8 @@ from django.db import connection
 from dispatch_app.domains import REGISTRY
 from dispatch_app.rqworker import health
 from dispatch_app.rqworker.worker import LAST_ERROR_FIELD, RECENT_FIELD
+
+log = logging.getLogger("dispatch_app.ops.rqside")
 
 REDIS_TIMEOUT = 2.0
 WORKER_PREFIX = "rq:worker:"
@@ -203,6 +206,7 @@ def snapshot(conn: redis.Redis | None = None) -> dict:
             names.update(info.workers)
         workers = read_workers(conn, names)
     except redis.RedisError as exc:
+        log.warning("RQ side unreadable: %s", exc, extra={"action": "rq_side_unreadable", "domain": "ops"})
         return {"error": f"{type(exc).__name__}: {exc}", "queues": {}, "workers": [], "domains": {}}
     ages = _head_ages([q.head for q in queues.values() if q.head])
     for info in queues.values():

@@ -325,3 +325,15 @@ def test_dispatchstats_prints_the_alarms_the_rq_side_and_failures(redis_conn):
     call_command("dispatchstats", "--json", stdout=out)
     data = json.loads(out.getvalue())
     assert data["domains"]["delivery"]["rq"]["depth"] == 1 and data["paused"]["agent"]["reason"] == "vendor incident"
+
+
+@pytest.mark.django_db
+def test_an_unreachable_redis_is_a_banner_not_an_error_page():
+    import redis
+
+    nobody = redis.Redis(unix_socket_path="/nonexistent-dir/redis.sock", socket_connect_timeout=1)
+    data = board.build(redis_conn=nobody)
+    (banner,) = [b for b in data["banners"] if b["key"] == "redis"]
+    assert banner["level"] == "error" and "Redis cannot be read: ConnectionError" in banner["text"]
+    assert data["domains"]["delivery"]["rq"] == {}  # unknown, not "0 workers"
+    assert "no-worker" not in banner_keys(data)
