@@ -165,3 +165,46 @@ def test_a_bad_nice_value_is_a_usage_error(subprocess_env):
     )
     assert proc.returncode == 2
     assert "--recovery-nice: must be 0-19, got 40" in proc.stderr
+
+
+def connected_to(pid: int, port: int) -> bool:
+    """Whether a process holds a TCP connection to 127.0.0.1:port (its socket inodes against /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open(f"/proc/{pid}/net/tcp") as table:
+        for row in table.readlines()[1:]:
+            fields = row.split()
+            if int(fields[2].split(":")[1], 16) == port and fields[9] in inodes:
+                return True
+    return False
+
+
+def test_a_recovery_round_hung_past_the_deadline_is_exit_code_3(subprocess_env, processes, blackhole):
+    from dispatch_app import submit
+    from tests.factories import PAYLOADS
+    from tests.integration.recovery_helpers import dispatch_now, zero_thresholds
+
+    submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()  # queued on the test Redis; the processes below see a Redis that never answers
+    env = dict(
+        hanging_env(subprocess_env, blackhole),
+        DISPATCH_RECOVERY=json.dumps(zero_thresholds(PERIOD_SECONDS=0.2, JITTER_SECONDS=0)),
+    )
+    parent = processes(["rundispatcher", "--domains", "delivery", "--shutdown-deadline", "1"], env)
+    child = child_pid(parent)
+    port = blackhole.getsockname()[1]
+    # The child's round asks Redis about the stale job and waits for an answer that never comes.
+    wait_until(lambda: connected_to(child, port), SAFETY, message="the recovery child to be stuck on Redis")
+    parent.signal(signal.SIGTERM)
+    assert parent.proc.wait(SAFETY) == 3, parent.output()
+    output = parent.output()
+    assert "recovery loops still running at the deadline: recovery-delivery" in output  # the child's own report
+    [parent_report] = re.findall(r"CommandError: loops still running at the deadline: (.*)", output)
+    assert "recovery-process" in parent_report.split(", ")
+    wait_until(lambda: not alive(child), 5, message="the child to be gone with its parent")
