@@ -176,39 +176,32 @@ def validate(raw: dict | None) -> DispatchSettings:
 
 
 def check_lease(
-    conf: DispatchSettings,
-    *,
-    connect_timeout: float | None,
-    socket_timeout: float | None,
-    reads: int = 1,
-    attempts: int = 1,
-    retry_wait: float = 0.0,
+    conf: DispatchSettings, *, socket_timeout: float | None, attempts: int = 1, retry_wait: float = 0.0
 ) -> float:
     """LEASE_SECONDS must outlast the worst case of one batch's sends; returns that worst case (s).
 
     A send that outlives its lease is re-claimed and re-sent by another
-    dispatcher while it is still in flight. The worst case: every chunk's
-    pipeline waits out the connect and read timeouts (``reads``: a health-check
-    PING may precede the command), on each of redis-py's ``attempts`` (with
-    ``retry_wait`` of backoff between them), and the batch's chunks go out in
-    waves of SEND_CONCURRENCY, each waiting for a slot.
+    dispatcher while it is still in flight. The worst case: every chunk's one
+    round trip waits out the socket timeout, on each of redis-py's ``attempts``
+    (with ``retry_wait`` of backoff between them), and the batch's chunks go
+    out in waves of SEND_CONCURRENCY, each waiting for a slot. (A refusing or
+    unreachable Redis stops the batch's remaining chunks at the first failure.)
     """
     chunks = math.ceil(conf.BATCH_SIZE / conf.SEND_CHUNK_SIZE)
     waves = math.ceil(chunks / conf.SEND_CONCURRENCY)
-    if socket_timeout is None or connect_timeout is None:
+    if socket_timeout is None:
         raise ImproperlyConfigured(
-            "Redis calls have no timeout (REDIS_SOCKET_TIMEOUT, or socket_timeout / socket_connect_timeout in "
-            "REDIS_URL): a send could outlast any DISPATCH['LEASE_SECONDS']"
+            "Redis calls have no timeout (REDIS_SOCKET_TIMEOUT, or socket_timeout in REDIS_URL): "
+            "a send could outlast any DISPATCH['LEASE_SECONDS']"
         )
-    worst = waves * (attempts * (connect_timeout + reads * socket_timeout) + retry_wait)
+    worst = waves * (attempts * socket_timeout + retry_wait)
     if conf.LEASE_SECONDS <= worst:
         raise ImproperlyConfigured(
             f"DISPATCH['LEASE_SECONDS'] = {conf.LEASE_SECONDS:g}s does not outlast the worst case of a batch's sends, "
-            f"{worst:g}s: REDIS_SOCKET_TIMEOUT (connect {connect_timeout:g}s + {reads} x socket {socket_timeout:g}s) "
-            f"x {attempts} attempt(s) (redis-py retries) + {retry_wait:g}s retry backoff, x {waves} wave(s) of "
-            f"DISPATCH['SEND_CONCURRENCY'] = {conf.SEND_CONCURRENCY} for {chunks} chunk(s) (BATCH_SIZE "
-            f"{conf.BATCH_SIZE} / SEND_CHUNK_SIZE {conf.SEND_CHUNK_SIZE}). Raise LEASE_SECONDS or lower "
-            "REDIS_SOCKET_TIMEOUT (socket_timeout / socket_connect_timeout in REDIS_URL)."
+            f"{worst:g}s: REDIS_SOCKET_TIMEOUT {socket_timeout:g}s x {attempts} attempt(s) (redis-py retries) "
+            f"+ {retry_wait:g}s retry backoff, x {waves} wave(s) of DISPATCH['SEND_CONCURRENCY'] = "
+            f"{conf.SEND_CONCURRENCY} for {chunks} chunk(s) (BATCH_SIZE {conf.BATCH_SIZE} / SEND_CHUNK_SIZE "
+            f"{conf.SEND_CHUNK_SIZE}). Raise LEASE_SECONDS or lower REDIS_SOCKET_TIMEOUT (socket_timeout in REDIS_URL)."
         )
     return worst
 

@@ -102,6 +102,33 @@ class _BatchRecord:
     outage_delay: float = 0.0
 
 
+class _Halt:
+    """The sender's stop for one batch: the loop's stop signal, or Redis refusing as a whole.
+
+    Once one chunk finds Redis refusing (or hanging until the timeout), the
+    batch's chunks not yet started are not sent: each would wait out the same
+    refusal, and the lease must only cover one wave of them.
+    """
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+        self.outage = threading.Event()
+
+    def is_set(self) -> bool:
+        return self.stop.is_set() or self.outage.is_set()
+
+    def watching(self, send):
+        def watched(chunk):
+            try:
+                return send(chunk)
+            except Exception as exc:
+                if outage_reason(exc) is not None:
+                    self.outage.set()
+                raise
+
+        return watched
+
+
 class DispatchLoop:
     name = "dispatch"
 
@@ -263,12 +290,16 @@ class DispatchLoop:
 
         size = conf.SEND_CHUNK_SIZE
         chunks = [sendable[i : i + size] for i in range(0, len(sendable), size)]
-        outcomes = self.sender.map(self.publisher.send, chunks, stop=self.stop)
+        halt = _Halt(self.stop)
+        outcomes = self.sender.map(halt.watching(self.publisher.send), chunks, stop=halt)
         failpoints.hit("kill_after_send")
 
         for outcome in outcomes:
             ids = [e.envelope_id for e in outcome.item]
-            if outcome.skipped:
+            if outcome.skipped and halt.outage.is_set() and not self.stop.is_set():
+                # Never sent: an earlier chunk found Redis refusing. Given back with the batch, uncounted.
+                record.outage_ids.extend(ids)
+            elif outcome.skipped:
                 record.skipped_ids.extend(ids)
             elif outcome.ok:
                 failed = outcome.value.failed

@@ -105,16 +105,12 @@ class Publisher:
         """What bounds one send on this connection, for ``conf.check_lease``."""
         pool = self.connection.connection_pool
         kwargs = pool.connection_kwargs
-        socket_timeout = kwargs.get("socket_timeout")
-        connect_timeout = kwargs.get("socket_connect_timeout") or socket_timeout
         # A connection object is built without connecting: its retry policy is the one sends will use.
         retry = pool.connection_class(**kwargs).retry
         retries = retry.get_retries() if retry is not None else 0
         backoff_cap = float(getattr(getattr(retry, "_backoff", None), "_cap", 0) or 0)
         return {
-            "connect_timeout": connect_timeout,
-            "socket_timeout": socket_timeout,
-            "reads": 2 if kwargs.get("health_check_interval") else 1,
+            "socket_timeout": kwargs.get("socket_timeout"),
             "attempts": retries + 1,
             "retry_wait": retries * backoff_cap,
         }

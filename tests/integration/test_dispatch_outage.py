@@ -120,3 +120,30 @@ def test_a_read_only_replica_pauses_dispatch_too(private_redis):
         redis.replicaof("NO", "ONE")
     assert "read-only" in result.outage and result.dead == 0
     assert DispatchEnvelope.objects.filter(status="pending", send_attempts=0).count() == 3
+
+
+class CountingPublisher(Publisher):
+    def __init__(self, conf, connection):
+        super().__init__(conf, connection)
+        self.sends = 0
+
+    def send(self, chunk):
+        self.sends += 1
+        return super().send(chunk)
+
+
+def test_after_a_refusal_the_batchs_other_chunks_are_not_sent(private_redis):
+    """One wave waits out a refusal, not every wave: the rest of the batch is given back unsent, uncounted."""
+    conf = loop_settings(BATCH_SIZE=6, SEND_CHUNK_SIZE=2, SEND_CONCURRENCY=1, MAX_SEND_ATTEMPTS=1)
+    redis = private_redis.client()
+    redis.config_set("maxmemory-policy", "noeviction")
+    redis.config_set("maxmemory", 1)
+    submit_many([("delivery", PAYLOADS["delivery"])] * 6)
+    publisher = CountingPublisher(conf, redis)
+    loop = DispatchLoop(conf, publisher=publisher, clock=Clock())
+    try:
+        result = loop.run_once()
+    finally:
+        loop.close()
+    assert (result.claimed, result.outage_released, result.released, publisher.sends) == (6, 6, 0, 1)
+    assert set(DispatchEnvelope.objects.values_list("status", "send_attempts", "lease_token")) == {("pending", 0, None)}

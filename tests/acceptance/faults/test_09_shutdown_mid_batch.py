@@ -23,7 +23,7 @@ from tests.helpers import wait_until
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(150)]
 
 # The lease must outlast the worst case of a batch's sends (conf.check_lease): 10 chunks in 5 waves of 2, each
-# up to 5 s connect + 2 x 5 s read on the default timeouts = 75 s.
+# up to the 5 s socket timeout = 25 s; the restart below moves the forced exit's lease end to now.
 JOBS, BATCH, CHUNK, CONCURRENCY, DEADLINE, LEASE = 2000, 500, 50, 2, 8.0, 80.0
 
 
