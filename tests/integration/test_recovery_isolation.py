@@ -91,6 +91,8 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
     try:
         assert held.wait(SAFETY), "the held domain never started a round"
         assert supervisor.listener.connected.wait(SAFETY)
+        # Writers announce work only once the idle dispatcher has armed (dispatch.arming).
+        wait_until(lambda: supervisor.wake.arming.armed, SAFETY, message="the dispatcher to arm")
 
         # NOTIFY-woken dispatch (no tick can fire yet).
         first = submit("delivery", PAYLOADS["delivery"])
