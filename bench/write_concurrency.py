@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from bench import Context, record, side_by_side
@@ -197,6 +198,65 @@ def pgbench(env, writers: int, seconds: float, workdir: Path) -> dict:
     }
 
 
+def python_writers(env, writers: int, seconds: float) -> dict:
+    """Without pgbench: the same transaction from psycopg threads (the client's GIL then caps the rate)."""
+    import psycopg
+
+    from dispatch_app.demo_payloads import demo_payload
+    from dispatch_app.domains import get_domain
+
+    payload = json.dumps(demo_payload("delivery", 0))
+    queue = get_domain("delivery").queue
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+
+    def write():
+        try:
+            with psycopg.connect(**env.conninfo()) as conn:
+                start.wait(30)
+                mine = []
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    began = time.perf_counter()
+                    with conn.transaction():
+                        job_id = conn.execute(_PY_JOB, ["delivery", payload]).fetchone()[0]
+                        conn.execute(_PY_ENVELOPE, [job_id, "delivery", queue])
+                    mine.append((time.perf_counter() - began) * 1000)
+                with lock:
+                    latencies.extend(mine)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=write, daemon=True) for _ in range(writers)]
+    for t in threads:
+        t.start()
+    start.wait(30)
+    for t in threads:
+        t.join(seconds + 60)
+    if errors:
+        raise errors[0]
+    summary = summarize(latencies)
+    return {
+        "submits_per_s": len(latencies) / seconds,
+        "submits": len(latencies),
+        "submit_p50_ms": summary["p50"],
+        "submit_p99_ms": summary["p99"],
+    }
+
+
+_PY_JOB = (
+    "INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id, submitted_at, "
+    "updated_at) VALUES (%s, 'submitted', 1, %s::jsonb, '', '', clock_timestamp(), clock_timestamp()) RETURNING id"
+)
+_PY_ENVELOPE = (
+    f"INSERT INTO {_ENVELOPE} (job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, "
+    "created_at) VALUES (%s, 1, %s, %s, 'pending', clock_timestamp(), 0, '', clock_timestamp())"
+)
+
+
 def _wait_drained(timeout: float) -> bool:
     from bench.load import pending_count, wait_until
 
@@ -248,7 +308,11 @@ def run(ctx: Context) -> list[dict]:
             if what == "idle":
                 metrics = idle_latency(env, idle_jobs, idle_rate)
             else:
-                metrics = pgbench(env, int(what.removesuffix("w")), seconds, workdir)
+                writers = int(what.removesuffix("w"))
+                if shutil.which("pgbench"):
+                    metrics = pgbench(env, writers, seconds, workdir)
+                else:
+                    metrics = python_writers(env, writers, seconds)
                 metrics["drained"] = _wait_drained(30.0)
         finally:
             arming = dispatcher.close()
@@ -270,7 +334,9 @@ def run(ctx: Context) -> list[dict]:
             "writers": "1 (submit(), paced)" if what == "idle" else int(what.removesuffix("w")),
             "seconds": seconds if what != "idle" else None,
             "idle_rate_per_s": idle_rate if what == "idle" else None,
-            "writer": "submit() at a low rate" if what == "idle" else "pgbench: BEGIN; job; envelope; COMMIT",
+            "writer": "submit() at a low rate"
+            if what == "idle"
+            else f"{'pgbench' if shutil.which('pgbench') else 'psycopg threads'}: BEGIN; job; envelope; COMMIT",
         }
         records.append(record(NAME, variant, params, out["runs"][variant], error=out["errors"].get(variant)))
     by = {r["variant"]: r["metrics"] for r in records}
