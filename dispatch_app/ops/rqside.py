@@ -76,7 +76,7 @@ def _utc(value: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -122,7 +122,7 @@ def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
         alive, reason = False, "its RQ hash is gone (TTL ran out without a heartbeat, or it was cleaned up)"
     elif data.get("death"):
         alive, reason = False, "it registered its death (stopped)"
-    elif host == local_host and pid is not None and not _pid_alive(pid):
+    elif host == local_host and pid is not None and not pid_alive(pid):
         alive, reason = False, f"pid {pid} no longer exists on {host}"
     return WorkerInfo(
         name=name,

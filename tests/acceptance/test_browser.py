@@ -214,6 +214,8 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         victim = state.worker or next(w.name for w in _live_workers("agent"))
         pid = rqside.read_workers(rqside.redis_conn(), [victim])[victim].pid
         os.kill(pid, signal.SIGKILL)
+        # The signal lands asynchronously: wait (bounded) until the process is gone or a zombie, then look.
+        wait_until(lambda: not rqside.pid_alive(pid), 10, message=f"worker pid {pid} to die")
         browser.get(f"{live_server.url}/admin/dispatch_app/job/{stuck.pk}/timeline/")
         assert _text(browser, "pf-stage") == "worker"
         where = _text(browser, "pf-rq-state")
