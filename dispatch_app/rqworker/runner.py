@@ -68,16 +68,9 @@ def build_worker(queues, connection: redis.Redis | None = None, name: str | None
     delay = 0.5
     while True:
         try:
-            worker = PipelineWorker(
-                list(queues),
-                name=name or worker_name(),
-                connection=connection or connect(),
-                serializer=JSONSerializer,
-                prefetch=conf.WORKER_PREFETCH,
-                heartbeat_interval=conf.WORKER_HEARTBEAT_INTERVAL,
+            return PipelineWorker(
+                list(queues), name=name or worker_name(), connection=connection or connect(), serializer=JSONSerializer
             )
-            worker.reconnect_backoff_max = conf.RECONNECT_BACKOFF_MAX
-            return worker
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.error(
                 "Redis unavailable at worker start-up (%s); retrying in %.1fs",

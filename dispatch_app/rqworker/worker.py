@@ -38,6 +38,7 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 from rq.worker_registration import register
 
+from dispatch_app.conf import dispatch_settings
 from dispatch_app.rqworker.beat import Heartbeat
 from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
 
@@ -60,13 +61,15 @@ LAST_ERROR_FIELD = "pf_last_error"
 
 
 class PipelineWorker(SimpleWorker):
-    def __init__(self, queues, *args, prefetch: int = 8, heartbeat_interval: float = 10.0, **kwargs):
+    def __init__(self, queues, *args, prefetch: int | None = None, heartbeat_interval: float | None = None, **kwargs):
         # JSON always: a job planted in Redis must not be able to run code (pickle), and our
         # publisher writes JSON; a worker on another serializer would fail every job.
         kwargs["serializer"] = kwargs.get("serializer") or JSONSerializer
-        self.prefetch = prefetch
-        self.heartbeat_interval = heartbeat_interval
-        self.reconnect_backoff_max = 30.0
+        # Started by another launcher (``rqworker --worker-class``, rq's WorkerPool): the DISPATCH settings.
+        conf = dispatch_settings()
+        self.prefetch = prefetch or conf.WORKER_PREFETCH
+        self.heartbeat_interval = heartbeat_interval or conf.WORKER_HEARTBEAT_INTERVAL
+        self.reconnect_backoff_max = conf.RECONNECT_BACKOFF_MAX
         self._stopping = threading.Event()
         self._buffer: list[tuple[Taken, float]] = []
         self._pending: tuple | None = None  # (job, queue, execution) ended, not yet written
