@@ -31,7 +31,9 @@ So every committed envelope is either announced or found by a scan of this
 dispatcher, without writers ever contending on the arm state (a plain read).
 
 Several dispatchers: any armed one suffices (every listener hears every
-NOTIFY); a disarmed one never sleeps without arming first. A dispatcher that
+NOTIFY); a disarmed one never sleeps without arming first (unless its listener
+is down: then it has only its ticks, as before, and says so in
+productflow_missed_wakeups_total). A dispatcher that
 dies armed keeps the writers notifying until its lease runs out
 (NOTIFY_ARM_LEASE, at least 3 x POLL_INTERVAL); the live one renews at half
 the lease, on its ticks. A lease found lapsed (a long pause) is a fresh arm,
