@@ -336,3 +336,24 @@ def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
     d.arming.drained(type("R", (), {"claimed": 3})())  # several commits since the last scan, none pending
     assert not d.arming.armed and armed_rows() == 0
     assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
+
+
+def test_a_long_transaction_in_the_fence_blocks_nothing(dispatcher):
+    d = dispatcher(listener=True)
+    d.start_listening()
+    with psycopg.connect(**listener_conninfo()) as long_one:
+        xid = long_one.execute("SELECT pg_current_xact_id()::text").fetchone()[0]  # holds an xid, commits nothing
+        assert d.scan(CATCH_UP).claimed == 0
+        assert xid in d.arming.fence
+        assert d.wake.wait(0) == HANDOVER
+        d.scan(HANDOVER)
+        # Armed while the fence stays open: a commit is announced and served at once.
+        job = submit("delivery", PAYLOADS["delivery"])
+        assert d.wake.wait(10) == NOTIFY
+        assert d.scan(NOTIFY).dispatched == 1
+        assert status(job) == "dispatched"
+        assert xid in d.arming.fence
+        long_one.rollback()
+    # Its end is noticed by the fence check: one more scan, then the fence is closed.
+    assert d.wake.wait(10) == HANDOVER
+    assert d.arming.fence == []
