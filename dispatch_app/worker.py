@@ -24,10 +24,13 @@ from dispatch_app.providers import Provider, ProviderError, get_provider
 
 log = logging.getLogger("dispatch_app.worker")
 
+# The worker names itself for the attempt history's trigger (history_triggers.WORKER_SETTING) in the
+# same statement: set_config(..., true) lasts for this statement's implicit transaction only.
 START_SQL = """
 UPDATE dispatch_app_job
 SET status = 'running', started_at = clock_timestamp(),
     dispatched_at = COALESCE(dispatched_at, clock_timestamp())
+FROM (SELECT set_config('productflow.worker', %s, true)) AS w
 WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
 RETURNING payload
 """
@@ -148,6 +151,14 @@ class _ConnectionCheck:
 _check = _ConnectionCheck()
 
 
+def _worker_name() -> str:
+    """The RQ worker running this job ('' outside one, e.g. a test calling ``execute``)."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    return (getattr(job, "worker_name", None) or "") if job is not None else ""
+
+
 def execute(domain_key: str, job_id: int, attempt: int) -> dict:
     _check.before()
     try:
@@ -160,7 +171,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     domain = get_domain(domain_key)
     # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
     with connection.cursor() as cursor:
-        cursor.execute(START_SQL, [job_id, attempt])
+        cursor.execute(START_SQL, [_worker_name(), job_id, attempt])
         row = cursor.fetchone()
     if row is None:
         JobEvent.objects.create(
