@@ -14,6 +14,7 @@ from django.db import connection, transaction
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
+ATTEMPT = "dispatch_app_jobattempt"
 PAUSE = "dispatch_app_domainpause"
 
 
@@ -37,9 +38,9 @@ class Claim:
 # Claims and marks commit without waiting for the WAL flush: one fsync less
 # each, ~1 ms per batch (`dispatchbench idle-latency`, docs/benchmarks.md). Safe
 # because both are recoverable: a claim lost in a server crash leaves the
-# envelope pending (sent again; the send's existence probe or the worker's start
-# compare-and-set makes that a duplicate), a lost mark leaves it leased until the
-# lease runs out and the probe then counts it as sent. Any later synchronous
+# envelope pending (sent again; the create-if-absent send leaves an existing RQ job
+# alone and the worker's start compare-and-set makes that a duplicate), a lost mark
+# leaves it leased until the lease runs out and the re-send is then a no-op. Any later synchronous
 # commit (a worker's start) flushes them anyway. Set inside the statement: no
 # extra round trip.
 ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
@@ -94,7 +95,14 @@ WITH marked AS (
     UPDATE {ENVELOPE}
     SET status = 'dispatched', dispatched_at = clock_timestamp(), lease_token = NULL, last_error = ''
     WHERE id = ANY(%(ids)s) AND lease_token = %(token)s AND status = 'pending'
-    RETURNING job_id, attempt, extract(epoch FROM dispatched_at - created_at)::float8 AS latency
+    RETURNING job_id, attempt, created_at, dispatched_at
+), waits AS (
+    -- The outbox wait starts when the envelope is due: a delayed submit or a retry backoff is its own stage
+    -- (dispatch_app.stages), kept by the attempt history only for envelopes created with a delay.
+    SELECT extract(epoch FROM m.dispatched_at
+                   - LEAST(GREATEST(m.created_at, COALESCE(a.due_at, m.created_at)), m.dispatched_at)
+           )::float8 AS latency
+    FROM marked m LEFT JOIN {ATTEMPT} a ON a.job_id = m.job_id AND a.attempt = m.attempt
 ), jobs AS (
     -- Never backwards: a worker may already have started (or finished) the job.
     UPDATE {JOB} j
@@ -105,7 +113,7 @@ WITH marked AS (
       AND (j.status = 'submitted' OR j.dispatched_at IS NULL)
     RETURNING j.id
 )
-SELECT (SELECT count(*) FROM marked), (SELECT array_agg(latency) FROM marked) FROM {ASYNC_COMMIT}
+SELECT (SELECT count(*) FROM marked), (SELECT array_agg(latency) FROM waits) FROM {ASYNC_COMMIT}
 """
 
 
@@ -113,7 +121,7 @@ def mark_dispatched(envelope_ids: list[int], token: uuid.UUID, latencies: list[f
     """Returns how many envelopes this lease still held and now marked.
 
     ``latencies``, when given, receives each marked envelope's outbox wait
-    (created_at -> dispatched_at, database clock) for the metrics.
+    (due -> dispatched_at, database clock; a backoff or delay is not outbox wait) for the metrics.
     """
     if not envelope_ids:
         return 0
