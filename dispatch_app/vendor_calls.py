@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
 
@@ -138,11 +138,31 @@ def record(job_id: int, attempt: int, seq: int, purpose: str, request_id: str) -
 
 
 def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bool:
+    """Record a call's outcome; one retry on a fresh connection if the old one died during the call.
+
+    The vendor has answered by now: an outcome lost with a terminated session
+    would fail the job (the work's exception) though the call took effect. The
+    UPDATE only moves a call still pending or unknown, so a retry after a
+    commit whose answer was lost changes nothing.
+    """
     from psycopg.types.json import Jsonb
 
-    with connection.cursor() as cursor:
-        cursor.execute(SETTLE_SQL, [status, Jsonb(result) if result is not None else None, error[:4000], call_id])
-        return cursor.rowcount == 1
+    params = [status, Jsonb(result) if result is not None else None, error[:4000], call_id]
+    for retry in (False, True):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(SETTLE_SQL, params)
+                return cursor.rowcount == 1
+        except (OperationalError, InterfaceError):
+            if retry or connection.in_atomic_block:
+                raise
+            log.warning(
+                "vendor call %s: connection lost before its outcome was saved; retrying once",
+                call_id,
+                extra={"action": "vendor_settle_retry", "domain": "worker"},
+            )
+            connection.close()
+    raise AssertionError("unreachable")
 
 
 def abandon_in_doubt(job_id: int, reason: str) -> int:
