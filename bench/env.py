@@ -126,7 +126,8 @@ class BenchEnv:
             queue["URL"] = self.redis_url
         from dispatch_app.dispatch import publisher
 
-        publisher.redis_connection.cache_clear()
+        # A per-process cache keyed by URL (older: by nothing): drop it so the new URL is used.
+        getattr(publisher.redis_connection, "cache_clear", lambda: None)()
         self.reset()
 
     def teardown(self) -> None:

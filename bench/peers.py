@@ -109,6 +109,11 @@ def _ours(ctx: Context, kind: str) -> dict:
                         started = _ours_times(ids, "started_at")
                         lat = [(started[i] - committed[i]) * 1000 for i in ids if i in started]
                         _latency_metrics(metrics, w, r, lat, count)
+                        # Where the wait is: commit -> marked dispatched (outbox hop), the rest is the worker hop.
+                        dispatched = _ours_times(ids, "dispatched_at")
+                        hop = summarize([(dispatched[i] - committed[i]) * 1000 for i in ids if i in dispatched])
+                        metrics[f"w{w}_dispatched_p50_ms_at{int(r)}"] = hop["p50"]
+                        metrics[f"w{w}_dispatched_p99_ms_at{int(r)}"] = hop["p99"]
                 finally:
                     producer.stop()
         finally:
