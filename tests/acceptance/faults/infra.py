@@ -284,11 +284,19 @@ class Stack:
             [PYTHON, MANAGE, *args], cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=timeout
         )
 
-    def submit(self, count: int, *, domain: str = "delivery", prefix: str = "job", delay: float | None = None):
-        """Submit ``count`` jobs through ``submit_many`` in a child process; returns their ids."""
+    def submit(
+        self,
+        count: int,
+        *,
+        domain: str = "delivery",
+        prefix: str = "job",
+        delay: float | None = None,
+        payloads: list[dict] | None = None,
+    ):
+        """Submit ``count`` jobs (or one per given payload) through ``submit_many`` in a child process; their ids."""
         if self._submitter is None:
             self._submitter = Submitter(self.env(), self.tmp)
-        reply = self._submitter.call(count=count, domain=domain, prefix=prefix, delay=delay)
+        reply = self._submitter.call(count=count, domain=domain, prefix=prefix, delay=delay, payloads=payloads)
         return reply["ids"]
 
     def close_submitter(self) -> None:

@@ -1,6 +1,7 @@
 """Child process for the fault suite: submits jobs through the real outbox API.
 
-Reads one JSON request per line on stdin ({"count", "domain", "prefix", "delay"}),
+Reads one JSON request per line on stdin ({"count", "domain", "prefix", "delay"}, optionally
+"payloads": the jobs' payloads as given, instead of generated ones),
 submits in transactions of 250 through ``submit_many`` and answers one JSON line
 with the new job ids. Its database connection stays open between requests.
 """
@@ -28,10 +29,15 @@ def main() -> None:
         try:
             delay = timedelta(seconds=request["delay"]) if request.get("delay") else None
             ids = []
-            count = request["count"]
+            given = request.get("payloads")
+            count = len(given) if given is not None else request["count"]
             for start in range(0, count, 250):
                 specs = [
-                    JobSpec(request["domain"], payload(request["domain"], request["prefix"], i), delay)
+                    JobSpec(
+                        request["domain"],
+                        given[i] if given is not None else payload(request["domain"], request["prefix"], i),
+                        delay,
+                    )
                     for i in range(start, min(start + 250, count))
                 ]
                 ids.extend(job.pk for job in submit_many(specs))

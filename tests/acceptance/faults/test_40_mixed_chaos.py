@@ -1,0 +1,277 @@
+"""Scenario 40: mixed chaos over the five domains (issue 11, last paragraph).
+
+Steady load over all five domains (image_series × 3 images, agent × 3 steps,
+partial_edit, workflow × 3 steps, delivery), the local provider failing 10 %
+of calls, two dispatchers (``rundispatcher`` with their recovery loops: short
+stale thresholds, trust bound and period, so recovery acts within the scenario)
+and two project workers (``runworkers``, heartbeat 0.5 s), all on a private
+PostgreSQL and a private Redis. Meanwhile a seeded random schedule
+(``PF_FAULTS_CHAOS_SEED``; the seed and the schedule are printed) does, every
+1-3 s, one of:
+
+- kill -9 a dispatcher (its recovery child follows through its lifeline) and
+  start a new one;
+- kill -9 a worker, preferably while a job runs, and start a new one;
+- ``pg_terminate_backend`` every backend of the app's processes (told apart by
+  PGAPPNAME; the test's own sessions and the submitter's are spared);
+- restart Redis empty (no persistence: queues, RQ hashes, heartbeats gone).
+
+Each kind happens at least once. The chaos lasts ``PF_FAULTS_CHAOS_SECONDS``
+(default 30, so the scenario fits the CI's ~90 s). Then the faults stop, the
+load stops, and the system must settle within ``SETTLE_BOUND`` seconds: every
+submitted job terminal (succeeded, failed, or outcome_unknown with a reason
+that is a documented bounded state: a call the vendor cannot be asked about,
+or past the trust bound). Then the invariants: the suite's (none lost, one
+envelope per attempt, at most one execution per (job, attempt) by the
+execution ledger), and with the vendor-call ledger (VendorCall rows + the local
+provider's call log): every call that reached the vendor was recorded first,
+and no call of a non-retry-safe domain (image_series, partial_edit, agent)
+took effect twice.
+"""
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tests.acceptance.faults import invariants
+from tests.acceptance.faults.infra import record_figures
+from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(600)]
+
+DOMAINS = ("image_series", "partial_edit", "agent", "workflow", "delivery")
+NOT_RETRY_SAFE = ("image_series", "partial_edit", "agent")
+PAYLOADS = {
+    "image_series": lambda i: {"product_id": f"p{i}", "prompt": f"shot {i}", "count": 3, "size": 8},
+    "agent": lambda i: {"goal": f"caption {i}", "max_steps": 3},
+    "partial_edit": lambda i: {"image": f"img-{i}", "region": [0, 0, 8, 8], "instruction": "brighter"},
+    "workflow": lambda i: {"workflow_id": f"wf-{i}", "steps": ["fetch", "resize", "tag"]},
+    "delivery": lambda i: {"asset": f"a-{i}", "target": f"https://target.example.invalid/{i}"},
+}
+RECOVERY = {
+    domain: {
+        "RUNNING_STALE_SECONDS": 3,
+        "QUEUED_STALE_SECONDS": 4,
+        "VENDOR_EVIDENCE_TRUST_SECONDS": 4,
+        "MAX_ATTEMPTS": 20,
+        "PERIOD_SECONDS": 0.5,
+        "JITTER_SECONDS": 0,
+    }
+    for domain in DOMAINS
+}
+APP = "pf-chaos-app"
+FAULTS = ("kill_dispatcher", "kill_worker", "terminate_backends", "restart_redis")
+CHAOS_SECONDS = float(os.environ.get("PF_FAULTS_CHAOS_SECONDS") or 30)
+SEED = int(os.environ.get("PF_FAULTS_CHAOS_SEED") or 40)
+# Load: one job per domain every LOAD_PERIOD seconds while the chaos lasts.
+LOAD_PERIOD = 1.0
+# After the last fault every job is terminal within this many seconds. The slowest path: a job whose worker was
+# killed inside a vendor call (dead after 3 s of silent heartbeats, stale after 3 s, the vendor asked, in doubt up
+# to the 4 s trust bound) behind a queue the dead workers and a Redis restart left to drain.
+SETTLE_BOUND = 60.0
+
+TERMINATE_APP = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE application_name = %s AND datname = current_database() AND pid <> pg_backend_pid()"
+)
+ACTIVE = "SELECT count(*) FROM dispatch_app_job WHERE status IN ('submitted', 'queued', 'running')"
+
+
+def plan_schedule(rng: random.Random, seconds: float) -> list[tuple[float, str]]:
+    """(at seconds, fault) pairs: every kind once in a seeded order, then seeded picks, 1-3 s apart."""
+    kinds = list(FAULTS)
+    rng.shuffle(kinds)
+    schedule, at = [], 0.0
+    while True:
+        at += rng.uniform(1.0, 3.0)
+        if at > seconds:
+            break
+        schedule.append((round(at, 2), kinds.pop(0) if kinds else rng.choice(FAULTS)))
+    return schedule
+
+
+def busy_workers(stack, workers, wait: float = 3.0) -> list[int]:
+    """Slots of the workers running a job now (a bounded look: the load keeps them busy most of the time)."""
+    deadline = time.monotonic() + wait
+    while True:
+        # The worker's name (JobAttempt.worker) is pf.<host>.<pid>.<suffix>.
+        names = stack.sql(
+            "SELECT a.worker FROM dispatch_app_jobattempt a JOIN dispatch_app_job j "
+            "ON j.id = a.job_id AND j.attempt = a.attempt WHERE j.status = 'running'"
+        )
+        pids = {name.rsplit(".", 2)[-2] for (name,) in names if name.count(".") >= 2}
+        busy = [slot for slot, proc in enumerate(workers) if str(proc.pid) in pids and proc.alive()]
+        if busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.02)
+
+
+class Load(threading.Thread):
+    """Steady submissions (one job per domain per period) through the submitter child, until stopped."""
+
+    def __init__(self, stack):
+        super().__init__(name="chaos-load", daemon=True)
+        self.stack = stack
+        self.stop = threading.Event()
+        self.ids: list[int] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        index = 0
+        try:
+            while not self.stop.is_set():
+                for domain in DOMAINS:
+                    self.ids += self.stack.submit(1, domain=domain, payloads=[PAYLOADS[domain](index)])
+                index += 1
+                self.stop.wait(LOAD_PERIOD)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, private_redis):
+    stack = private_stack
+    call_log = stack.tmp / "vendor-calls.log"
+    env = {
+        "PGAPPNAME": APP,
+        "DISPATCH_PROVIDER_FAILURE_RATE": 0.1,
+        "DISPATCH_PROVIDER_LATENCY_MS": 60,
+        "DISPATCH_SEND_BACKOFF_BASE": 0.1,
+        "DISPATCH_RECOVERY": json.dumps(RECOVERY),
+        "DISPATCH_RECONNECT_BACKOFF_MAX": 1,
+        "PRODUCTFLOW_PROVIDER_CALL_LOG": call_log,
+        # A killed worker's hash expires after 6 silent periods (3 s): recovery then sees it dead.
+        "DISPATCH_WORKER_HEARTBEAT_INTERVAL": 0.5,
+        # A 3 s lease (a killed dispatcher's claims come back soon) needs Redis calls that give up within it.
+        **short_redis_timeouts(stack.redis_url, 0.5),
+    }
+
+    def start_dispatcher(slot: int):
+        return stack.dispatcher("--poll-interval", "1", "--lease", "3", name=f"dispatcher{slot}", recovery=True, **env)
+
+    def start_worker(slot: int):
+        return stack.worker(*DOMAINS, name=f"worker{slot}", **env)
+
+    dispatchers = [start_dispatcher(i) for i in range(2)]
+    workers = [start_worker(i) for i in range(2)]
+    rng = random.Random(SEED)
+    schedule = plan_schedule(rng, CHAOS_SECONDS)
+    print(f"\nCHAOS seed={SEED} (PF_FAULTS_CHAOS_SEED) seconds={CHAOS_SECONDS} schedule={schedule}")
+    assert set(kind for _at, kind in schedule) == set(FAULTS), "too short a chaos for every kind of fault"
+
+    load = Load(stack)
+    load.start()
+    done = Counter()
+    mid_job_kills = backends_terminated = 0
+    chaos_started = time.monotonic()
+    try:
+        for at, kind in schedule:
+            pause = chaos_started + at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            stack.check_alive()
+            assert load.error is None, load.error
+            if kind == "kill_dispatcher":
+                slot = rng.randrange(len(dispatchers))
+                dispatchers[slot].send(signal.SIGKILL)
+                dispatchers[slot].wait(timeout=10)
+                dispatchers[slot] = start_dispatcher(slot)
+            elif kind == "kill_worker":
+                busy = busy_workers(stack, workers)
+                mid_job_kills += bool(busy)
+                slot = rng.choice(busy) if busy else rng.randrange(len(workers))
+                workers[slot].send(signal.SIGKILL)
+                workers[slot].wait(timeout=10)
+                workers[slot] = start_worker(slot)
+            elif kind == "terminate_backends":
+                backends_terminated += stack.scalar(TERMINATE_APP, [APP])
+            else:
+                private_redis.stop()
+                time.sleep(rng.uniform(0.2, 1.5))
+                private_redis.start()
+            done[kind] += 1
+        pause = chaos_started + CHAOS_SECONDS - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+    finally:
+        load.stop.set()
+        load.join(timeout=60)
+    assert load.error is None, load.error
+    chaos_over = time.monotonic()
+    jobs = list(load.ids)
+
+    wait_until(
+        lambda: stack.check_alive() or stack.scalar(ACTIVE) == 0,
+        timeout=SETTLE_BOUND,
+        interval=0.2,
+        message=f"every job terminal within {SETTLE_BOUND}s of the last fault (seed {SEED})",
+    )
+    recovered_seconds = time.monotonic() - chaos_over
+    unfinished = stack.scalar(ACTIVE)
+    for proc in workers:
+        proc.stop()
+    for proc in dispatchers:
+        assert proc.stop() == 0, proc.output()[-4000:]
+
+    # --- the vendor-call ledger ---------------------------------------------
+    ledger = {
+        request_id: (job_id, seq, domain)
+        for request_id, job_id, seq, domain in stack.sql(
+            "SELECT v.request_id, v.job_id, v.seq, j.domain FROM dispatch_app_vendorcall v "
+            "JOIN dispatch_app_job j ON j.id = v.job_id"
+        )
+    }
+    lines = [line.split() for line in call_log.read_text().splitlines()] if call_log.exists() else []
+    # delivery's calls carry no request id ("-"): retry-safe by contract, so the ledger does not record them.
+    deliveries = [line for line in lines if line[0] == "deliver" and line[1] == "-"]
+    reached = [(op, request_id, outcome) for op, request_id, outcome, _pid in lines if request_id != "-"]
+    assert deliveries and len(deliveries) + len(reached) == len(lines), "only delivery calls go unrecorded"
+    unrecorded = [r for r in reached if r[1] not in ledger]
+    assert not unrecorded, f"vendor calls made without a ledger record: {unrecorded[:5]}"
+    took_effect = Counter(ledger[request_id] for _op, request_id, outcome in reached if outcome == "succeeded")
+    repeated = {key: n for key, n in took_effect.items() if n > 1 and key[2] in NOT_RETRY_SAFE}
+    assert not repeated, f"non-retry-safe vendor calls that took effect more than once: {repeated}"
+
+    # --- documented bounded states only -------------------------------------
+    unknown = stack.sql("SELECT domain, error FROM dispatch_app_job WHERE status = 'outcome_unknown'")
+    for domain, error in unknown:
+        assert "cannot be asked" in error or "trust bound" in error, (domain, error)
+    failed = stack.sql("SELECT domain, error FROM dispatch_app_job WHERE status = 'failed'")
+
+    report = invariants.check_stack(stack, expected_jobs=len(jobs), expect_status=None)
+    assert unfinished == 0
+    by_status = report.by_status
+    assert by_status.get("succeeded", 0) >= len(jobs) // 2, by_status
+    # The scenario did bite: every kind of fault happened, and vendor failures and recovery happened too.
+    vendor_failures = sum(1 for _op, _r, outcome in reached if outcome == "failed")
+    events = dict(stack.sql("SELECT kind, count(*) FROM dispatch_app_jobevent GROUP BY 1"))
+    assert vendor_failures and backends_terminated and events.get("recovery_redispatch"), (
+        vendor_failures,
+        backends_terminated,
+        events,
+    )
+    record_figures(
+        "40_mixed_chaos",
+        **report.figures(),
+        seed=SEED,
+        chaos_seconds=CHAOS_SECONDS,
+        faults=dict(done),
+        worker_kills_with_a_job_running=mid_job_kills,
+        backends_terminated=backends_terminated,
+        vendor_calls_reached=len(reached),
+        delivery_calls=len(deliveries),
+        vendor_failures=vendor_failures,
+        repeated_non_retry_safe_calls=0,
+        jobs_left_unfinished=unfinished,
+        all_terminal_after_last_fault_seconds=round(recovered_seconds, 1),
+        settle_bound_seconds=SETTLE_BOUND,
+        outcome_unknown=[f"{domain}: {error}" for domain, error in unknown],
+        failed=[f"{domain}: {error}" for domain, error in failed],
+        events=events,
+    )
