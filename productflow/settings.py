@@ -176,6 +176,12 @@ _QUEUE_CONFIG = {
     "SERIALIZER": "rq.serializers.JSONSerializer",
 }
 RQ_QUEUES = {name: dict(_QUEUE_CONFIG) for name in ("default", *QUEUE_NAMES)}
+# One Redis per group of queues (RQ has no Redis Cluster support): REDIS_URL_<QUEUE> (the domain's queue name,
+# upper-case, e.g. REDIS_URL_DELIVERY) puts that queue on its own server; unset, it stays on REDIS_URL. The
+# dispatcher, recovery, runworkers and the dashboard all read the queue's connection from RQ_QUEUES.
+for _name in QUEUE_NAMES:
+    if os.environ.get(f"REDIS_URL_{_name.upper()}"):
+        RQ_QUEUES[_name]["URL"] = _with_timeouts(os.environ[f"REDIS_URL_{_name.upper()}"])
 # The dispatcher enqueues outside any transaction; "auto" keeps django-rq from
 # deferring an enqueue to on_commit behind our back.
 RQ = {"COMMIT_MODE": "auto"}

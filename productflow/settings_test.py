@@ -11,6 +11,7 @@ import re
 from productflow.settings import *  # noqa: F403
 from productflow.settings import REDIS_URL, RQ_QUEUES
 
+_BASE_REDIS_URL = REDIS_URL
 _test_db = os.environ.get("PRODUCTFLOW_TEST_REDIS_DB", "15")
 if not os.environ.get("PRODUCTFLOW_KEEP_REDIS_DB"):
     if re.search(r"[?&]db=\d+", REDIS_URL):
@@ -20,7 +21,8 @@ if not os.environ.get("PRODUCTFLOW_KEEP_REDIS_DB"):
     else:
         REDIS_URL = re.sub(r"^(redis(?:s)?://[^/?]*)(/\d+)?", rf"\g<1>/{_test_db}", REDIS_URL)
 for _queue in RQ_QUEUES.values():
-    _queue["URL"] = REDIS_URL
+    if _queue["URL"] == _BASE_REDIS_URL:  # a queue on its own Redis (REDIS_URL_<QUEUE>) keeps it
+        _queue["URL"] = REDIS_URL
 
 # Tests run with DEBUG off and usually no collectstatic: look into STATIC_ROOT per request (no start-up warning
 # about a missing folder); a test that collects into a temp STATIC_ROOT is served from it.

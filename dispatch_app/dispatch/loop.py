@@ -7,6 +7,11 @@ ticks. It stops on an empty or short batch, on an error, or when told to stop.
 A server-wide Redis refusal (OOM, READONLY, unreachable, ...) pauses it
 (``dispatch.breaker``): no claims until a probe batch goes through, and the
 envelopes in flight are given back without counting the attempt.
+
+There is one breaker per Redis server (each domain's queue lives on the server
+its ``RQ_QUEUES`` entry names): a batch's envelopes are grouped by server, one
+server's outage gives back only its own envelopes (uncounted, until its probe)
+and the domains on the other servers keep dispatching.
 """
 
 from __future__ import annotations
@@ -20,10 +25,10 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
-from dispatch_app import failpoints
+from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings, check_lease
 from dispatch_app.dispatch import claim, outage
-from dispatch_app.dispatch.breaker import CLOSED, BreakerState, CircuitBreaker, outage_reason
+from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker, outage_reason
 from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
@@ -97,33 +102,45 @@ class _BatchRecord:
     skipped_ids: list[int] = field(default_factory=list)
     failures: dict[str, list[int]] = field(default_factory=dict)
     permanent: list[tuple[Claimed, str]] = field(default_factory=list)
-    outage_ids: list[int] = field(default_factory=list)
-    outage_error: str = ""
-    outage_delay: float = 0.0
+    # Per server: envelopes given back uncounted because that server refused (or is paused), why, and for how long.
+    outage_ids: dict[str, list[int]] = field(default_factory=dict)
+    outage_error: dict[str, str] = field(default_factory=dict)
+    outage_reason: dict[str, str] = field(default_factory=dict)
+    outage_delay: dict[str, float] = field(default_factory=dict)
+    # Servers whose sends this batch reached (a reply came back): their breakers close.
+    answered: set[str] = field(default_factory=set)
+
+
+_NOT_SENT = object()  # a chunk's value when its server refused an earlier chunk of the batch
 
 
 class _Halt:
-    """The sender's stop for one batch: the loop's stop signal, or Redis refusing as a whole.
+    """The sender's stop for one batch: the loop's stop signal, or a Redis server refusing as a whole.
 
-    Once one chunk finds Redis refusing (or hanging until the timeout), the
-    batch's chunks not yet started are not sent: each would wait out the same
-    refusal, and the lease must only cover one wave of them.
+    Once one chunk finds its server refusing (or hanging until the timeout), the
+    batch's chunks for that server not yet started are not sent: each would wait
+    out the same refusal, and the lease must only cover one wave of them. The
+    other servers' chunks go on.
     """
 
-    def __init__(self, stop: threading.Event):
+    def __init__(self, stop: threading.Event, server_of):
         self.stop = stop
-        self.outage = threading.Event()
+        self.server_of = server_of
+        self.refused: set[str] = set()  # set.add is atomic under the GIL; read by the send threads
 
     def is_set(self) -> bool:
-        return self.stop.is_set() or self.outage.is_set()
+        return self.stop.is_set()
 
     def watching(self, send):
         def watched(chunk):
+            server = self.server_of(chunk[0].queue)
+            if server in self.refused:
+                return _NOT_SENT
             try:
                 return send(chunk)
             except Exception as exc:
                 if outage_reason(exc) is not None:
-                    self.outage.set()
+                    self.refused.add(server)
                 raise
 
         return watched
@@ -154,19 +171,39 @@ class DispatchLoop:
         # Envelopes this process gave back during an outage: their attempt was taken back, so the next claim
         # reads as a first send, but a tick that finds them again is no missed wake-up.
         self._given_back: set[int] = set()
-        self.breaker = CircuitBreaker(
-            max(conf.SEND_BACKOFF_BASE, MIN_PROBE_BACKOFF),
-            max(min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX), MIN_PROBE_BACKOFF, conf.SEND_BACKOFF_BASE),
-            clock=clock,
-        )
+        self._clock = clock
+        # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
+        self.breakers: dict[str, CircuitBreaker] = {}
+        for server in self.publisher.servers():
+            self._breaker(server)
+
+    def _breaker(self, server: str) -> CircuitBreaker:
+        breaker = self.breakers.get(server)
+        if breaker is None:
+            conf = self.conf
+            breaker = self.breakers[server] = CircuitBreaker(
+                max(conf.SEND_BACKOFF_BASE, MIN_PROBE_BACKOFF),
+                max(
+                    min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX),
+                    MIN_PROBE_BACKOFF,
+                    conf.SEND_BACKOFF_BASE,
+                ),
+                clock=self._clock,
+            )
+        return breaker
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The default server's breaker (the only one unless RQ_QUEUES puts domains on their own Redis)."""
+        return next(iter(self.breakers.values()))
 
     def wait(self) -> str:
         return self.wake.wait(self.wait_timeout())
 
     def wait_timeout(self) -> float:
-        # Paused: wake for the probe when it is due, not a whole tick later.
-        probe_in = self.breaker.seconds_to_probe()
-        return self.conf.POLL_INTERVAL if probe_in is None else min(self.conf.POLL_INTERVAL, probe_in)
+        # Paused: wake for the earliest probe when it is due, not a whole tick later.
+        probes = [p for p in (b.seconds_to_probe() for b in self.breakers.values()) if p is not None]
+        return min([self.conf.POLL_INTERVAL, *probes])
 
     def run_once(self, trigger: str = TICK) -> DrainResult:
         """Drain: batch after batch while they come back full.
@@ -179,21 +216,22 @@ class DispatchLoop:
         """
         total = DrainResult(trigger=trigger)
         self.scans += 1
-        if not self.breaker.allow():
+        # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
+        if not [breaker.allow() for breaker in self.breakers.values()].count(True):
             total.paused = True
             return self._report(total)
         in_flight: Future | None = None
         try:
             while not self.stop.is_set():
-                # While paused, the probe is one envelope: a refusing Redis costs one give-back, not a batch.
-                limit = 1 if self.breaker.probing else self.conf.BATCH_SIZE
+                # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
+                limit = self.conf.BATCH_SIZE if self._any_closed() else 1
                 result, record = self._claim_and_send(trigger, limit)
                 self._judge(result, record)
                 if in_flight is not None:
                     previous, in_flight = in_flight, None
                     self._collect(total, previous, result, record)
-                # A refusing Redis would refuse the next batch too: the breaker decides when to try again.
-                more = result.claimed >= limit and not result.outage
+                # A refusing Redis would refuse the next batch too: its breaker decides when to try again.
+                more = result.claimed >= limit and not (result.outage and not self._any_closed())
                 if more and not self.stop.is_set():
                     in_flight = self._marker.submit(self._record_in_background, result, record)
                     continue
@@ -227,24 +265,43 @@ class DispatchLoop:
         failpoints.hit("fail_background_mark")
         return self._record(result, record)
 
+    def _any_closed(self) -> bool:
+        return any(breaker.state == CLOSED for breaker in self.breakers.values())
+
     def _judge(self, result: DrainResult, record: _BatchRecord | None) -> None:
-        """Tell the breaker what Redis did with this batch (on the loop's thread, before its results are written)."""
+        """Tell each server's breaker what it did with this batch (loop's thread, before the results are written)."""
         if record is None:
             return  # nothing claimed: Redis was not asked; a half-open breaker probes with the next batch
-        if result.outage:
-            record.outage_delay = self.breaker.failed(result.outage, record.outage_error)
-            return
-        if record.sent_ids or record.failures:
-            paused = self.breaker.succeeded()
+        for server, reason in record.outage_reason.items():
+            record.outage_delay[server] = self._breaker(server).failed(reason, record.outage_error[server])
+        for server in record.answered - set(record.outage_reason):
+            paused = self._breaker(server).succeeded()
             if paused:
                 log.warning(
-                    "dispatch resumed after %.1fs: Redis takes sends again",
+                    "dispatch resumed after %.1fs: Redis %s takes sends again",
                     paused,
+                    redis_servers.label(server),
                     extra={"action": "dispatch_resumed", "domain": "dispatch"},
                 )
 
+    def breaker_state(self) -> BreakerState:
+        """One state for the observers: the worst server's (open, then half-open), named when there are several."""
+        rank = {OPEN: 0, "half_open": 1, CLOSED: 2}
+        server, breaker = min(self.breakers.items(), key=lambda item: rank.get(item[1].state, 2))
+        state = breaker.snapshot()
+        if state.state != CLOSED and len(self.breakers) > 1:
+            return BreakerState(
+                state.state,
+                reason=f"{state.reason} [{redis_servers.label(server)}]",
+                error=state.error,
+                paused_seconds=state.paused_seconds,
+                pauses=state.pauses,
+                probe_in=state.probe_in,
+            )
+        return state
+
     def _report(self, total: DrainResult) -> DrainResult:
-        total.breaker = self.breaker.snapshot()
+        total.breaker = self.breaker_state()
         if self.observer is not None:
             self.observer.drained(total)
         # Conditional NOTIFY (dispatch.arming): where a drain ends, arm before going idle or stay disarmed while busy.
@@ -288,20 +345,22 @@ class DispatchLoop:
             except PermanentSendError as exc:
                 record.permanent.append((envelope, str(exc)))
 
-        size = conf.SEND_CHUNK_SIZE
-        chunks = [sendable[i : i + size] for i in range(0, len(sendable), size)]
-        halt = _Halt(self.stop)
+        chunks = self._chunks(sendable, record)
+        server_of = self.publisher.server
+        halt = _Halt(self.stop, server_of)
         outcomes = self.sender.map(halt.watching(self.publisher.send), chunks, stop=halt)
         failpoints.hit("kill_after_send")
 
         for outcome in outcomes:
             ids = [e.envelope_id for e in outcome.item]
-            if outcome.skipped and halt.outage.is_set() and not self.stop.is_set():
-                # Never sent: an earlier chunk found Redis refusing. Given back with the batch, uncounted.
-                record.outage_ids.extend(ids)
-            elif outcome.skipped:
+            server = server_of(outcome.item[0].queue)
+            if outcome.skipped:
                 record.skipped_ids.extend(ids)
+            elif outcome.ok and outcome.value is _NOT_SENT:
+                # Never sent: an earlier chunk found this server refusing. Given back with the batch, uncounted.
+                record.outage_ids.setdefault(server, []).extend(ids)
             elif outcome.ok:
+                record.answered.add(server)
                 failed = outcome.value.failed
                 bad = {e.envelope_id for e, _ in failed}
                 record.sent_ids.extend(i for i in ids if i not in bad)
@@ -312,20 +371,55 @@ class DispatchLoop:
                 reason = outage_reason(outcome.error)
                 error = f"{type(outcome.error).__name__}: {outcome.error}"
                 if reason is None:
+                    record.answered.add(server)
                     self._envelope_failed(record, ids, outcome.error)
                     continue
-                record.outage_ids.extend(ids)
-                if not result.outage:
-                    result.outage, record.outage_error = reason, error
-        if record.outage_ids:
+                record.outage_ids.setdefault(server, []).extend(ids)
+                if server not in record.outage_reason:
+                    record.outage_reason[server], record.outage_error[server] = reason, error
+                    result.outage = result.outage or reason
+        for server, reason in record.outage_reason.items():
             log.warning(
-                "dispatch paused: %s (%s); %d envelopes given back uncounted",
-                result.outage,
-                record.outage_error,
-                len(record.outage_ids),
+                "dispatch paused: %s (%s) on %s; %d envelopes given back uncounted",
+                reason,
+                record.outage_error[server],
+                redis_servers.label(server),
+                len(record.outage_ids.get(server, ())),
                 extra={"action": "dispatch_paused", "domain": "dispatch"},
             )
         return result, record
+
+    def _chunks(self, sendable: list[Claimed], record: _BatchRecord) -> list[list[Claimed]]:
+        """The batch's chunks, each for one server, servers taken in turn (one slow server does not go first).
+
+        A paused server's envelopes are given back uncounted until its probe is
+        due; a probing server gets one envelope, the rest come back at once.
+        """
+        groups: dict[str, list[Claimed]] = {}
+        for envelope in sendable:
+            groups.setdefault(self.publisher.server(envelope.queue), []).append(envelope)
+        size = self.conf.SEND_CHUNK_SIZE
+        per_server: list[list[list[Claimed]]] = []
+        for server, envelopes in groups.items():
+            breaker = self._breaker(server)
+            if breaker.state == OPEN:
+                self._hold(record, server, envelopes, max(breaker.seconds_to_probe() or 0.0, MIN_PROBE_BACKOFF))
+                continue
+            if breaker.probing and len(envelopes) > 1:
+                self._hold(record, server, envelopes[1:], 0.0)
+                envelopes = envelopes[:1]
+            per_server.append([envelopes[i : i + size] for i in range(0, len(envelopes), size)])
+        chunks: list[list[Claimed]] = []
+        for wave in range(max((len(c) for c in per_server), default=0)):
+            chunks.extend(c[wave] for c in per_server if wave < len(c))
+        return chunks
+
+    @staticmethod
+    def _hold(record: _BatchRecord, server: str, envelopes: list[Claimed], delay: float) -> None:
+        """Given back unsent and uncounted: their server is paused (its breaker has the reason)."""
+        key = f"held:{server}"
+        record.outage_ids.setdefault(key, []).extend(e.envelope_id for e in envelopes)
+        record.outage_delay[key] = delay
 
     @staticmethod
     def _envelope_failed(record: _BatchRecord, ids: list[int], exc: BaseException) -> None:
@@ -360,11 +454,17 @@ class DispatchLoop:
                 extra={"action": "envelope_dead", "domain": envelope.domain},
             )
         result.released = claim.release(record.skipped_ids, record.token)
-        note = f"dispatch paused: {result.outage}: {record.outage_error}"
-        result.outage_released = outage.give_back(record.outage_ids, record.token, note, record.outage_delay)
-        # Outage batches are recorded on the loop's thread (they never continue the drain), as is every claim.
-        if record.outage_ids and len(self._given_back) < MAX_REMEMBERED_GIVE_BACKS:
-            self._given_back.update(record.outage_ids)
+        for key, ids in record.outage_ids.items():
+            server = key.removeprefix("held:")
+            breaker = self.breakers.get(server)
+            reason = record.outage_reason.get(server) or (breaker.reason if breaker is not None else "")
+            error = record.outage_error.get(server) or (breaker.error if breaker is not None else "")
+            note = f"dispatch paused: {reason}: {error}"
+            delay = record.outage_delay.get(key, 0.0)
+            result.outage_released += outage.give_back(ids, record.token, note, delay)
+            # Remembered so a tick that finds them again is no missed wake-up (bounded memory).
+            if len(self._given_back) < MAX_REMEMBERED_GIVE_BACKS:
+                self._given_back.update(ids)
         return result
 
     def _record_failure(self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool) -> None:

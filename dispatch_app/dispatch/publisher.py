@@ -11,6 +11,10 @@ same pipeline (cheap, idempotent) so a Redis restarted empty never answers
 NOSCRIPT. Each job's reply is its own: created, already there, or an error that
 belongs to that envelope alone; a server-wide refusal (OOM, READONLY, ...) fails
 the whole chunk so the dispatch loop can pause (``dispatch.breaker``).
+
+Each queue lives on the Redis its ``RQ_QUEUES`` entry names (``redis_servers``):
+a chunk holds the envelopes of one server only (the loop groups them), so one
+pipeline is still one round trip.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, field
-from functools import cache
 
 import redis
 from django.conf import settings
@@ -27,7 +30,7 @@ from rq.job import JobStatus
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from rq.serializers import JSONSerializer
 
-from dispatch_app import failpoints
+from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.dispatch.claim import Claimed
@@ -58,10 +61,9 @@ def rq_job_id(job_id: int, attempt: int) -> str:
     return f"pf-{job_id}-{attempt}"
 
 
-@cache
 def redis_connection(url: str | None = None) -> redis.Redis:
-    """One connection pool per process (redis-py pools are thread-safe)."""
-    return redis.Redis.from_url(url or settings.REDIS_URL)
+    """One connection pool per server per process (redis-py pools are thread-safe)."""
+    return redis_servers.connection(url or settings.REDIS_URL)
 
 
 @dataclass
@@ -84,9 +86,24 @@ def _hset_args(job) -> list:
 class Publisher:
     def __init__(self, conf: DispatchSettings, connection: redis.Redis | None = None):
         self.conf = conf
+        # A connection given here carries every queue (tests, one-server tools); else each queue's RQ_QUEUES entry.
+        self._fixed = connection is not None
         self.connection = connection or redis_connection()
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
+
+    def server(self, queue: str) -> str:
+        """The key of the Redis server a queue lives on (envelopes are grouped, and breakers kept, by it)."""
+        return "default" if self._fixed else redis_servers.queue_url(queue)
+
+    def servers(self) -> list[str]:
+        """Every server a registered domain's queue lives on, the default one first."""
+        if self._fixed:
+            return ["default"]
+        return list(dict.fromkeys([settings.REDIS_URL, *(self.server(d.queue) for d in REGISTRY.values())]))
+
+    def connection_for(self, queue: str) -> redis.Redis:
+        return self.connection if self._fixed else redis_servers.queue_connection(queue)
 
     def queue(self, name: str) -> Queue:
         with self._lock:
@@ -94,7 +111,7 @@ class Publisher:
             if queue is None:
                 queue = Queue(
                     name,
-                    connection=self.connection,
+                    connection=self.connection_for(name),
                     serializer=JSONSerializer,
                     default_timeout=self.conf.RQ_JOB_TIMEOUT,
                 )
@@ -137,7 +154,7 @@ class Publisher:
 
     def send(self, chunk: list[Claimed]) -> SendResult:
         failpoints.hit("hold_send")  # a send outliving its lease (fault suite, scenario 33)
-        pipe = self.connection.pipeline(transaction=False)
+        pipe = self.queue(chunk[0].queue).connection.pipeline(transaction=False)
         pipe.execute_command("SCRIPT LOAD", CREATE_IF_ABSENT)
         setup = [0]  # reply positions of the chunk-wide commands
         slots: list[tuple[Claimed, int]] = []

@@ -32,6 +32,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from dispatch_app import redis_servers
 from dispatch_app.domains import REGISTRY
 from dispatch_app.rqworker import health
 from dispatch_app.rqworker.worker import LAST_ERROR_FIELD, RECENT_FIELD
@@ -48,8 +49,9 @@ def _redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
 
 
-def redis_conn() -> redis.Redis:
-    return _redis(settings.REDIS_URL)
+def redis_conn(queue: str | None = None) -> redis.Redis:
+    """The short-timeout connection to the server a queue lives on (its RQ_QUEUES entry; REDIS_URL without one)."""
+    return _redis(redis_servers.queue_url(queue) if queue else settings.REDIS_URL)
 
 
 def queue_key(queue: str) -> str:
@@ -185,29 +187,29 @@ def _head_ages(rq_ids: list[str]) -> dict[str, float]:
 def snapshot(conn: redis.Redis | None = None) -> dict:
     """Per queue: depth, registered and live workers, the head job and its wait; plus every worker seen.
 
-    Never raises for Redis trouble: ``error`` says what failed and the rest is empty.
+    Each queue is read on its own server (RQ_QUEUES; ``conn`` given: all on it).
+    Never raises for Redis trouble: ``error`` says what failed, and the queues of
+    an unreadable server are left out (the other servers' are still shown).
     """
-    conn = conn or redis_conn()
-    queues: dict[str, QueueInfo] = {}
+    all_queues: dict[str, QueueInfo] = {}
     for domain in REGISTRY.values():
-        queues.setdefault(domain.queue, QueueInfo(domain.queue, [], 0)).domains.append(domain.key)
-    try:
-        with conn.pipeline(transaction=False) as pipe:
-            for q in queues:
-                pipe.llen(queue_key(q))
-                pipe.lindex(queue_key(q), 0)
-                pipe.smembers(f"rq:workers:{q}")
-            raw = pipe.execute()
-        names: set[str] = set()
-        for i, info in enumerate(queues.values()):
-            depth, head, members = raw[3 * i : 3 * i + 3]
-            info.depth, info.head = int(depth), _text(head)
-            info.workers = sorted(_text(m).removeprefix(WORKER_PREFIX) for m in members)
-            names.update(info.workers)
-        workers = read_workers(conn, names)
-    except redis.RedisError as exc:
-        log.warning("RQ side unreadable: %s", exc, extra={"action": "rq_side_unreadable", "domain": "ops"})
-        return {"error": f"{type(exc).__name__}: {exc}", "queues": {}, "workers": [], "domains": {}}
+        all_queues.setdefault(domain.queue, QueueInfo(domain.queue, [], 0)).domains.append(domain.key)
+    groups = {"": list(all_queues)} if conn is not None else redis_servers.by_server(all_queues)
+    queues: dict[str, QueueInfo] = {}
+    workers: dict[str, WorkerInfo] = {}
+    errors: list[str] = []
+    for url, names_on_server in groups.items():
+        try:
+            server = conn if conn is not None else _redis(url)
+            read = _read_server(server, [all_queues[q] for q in names_on_server])
+            workers.update(read)
+            queues.update((q, all_queues[q]) for q in names_on_server)
+        except redis.RedisError as exc:
+            where = f" on {redis_servers.label(url)}" if len(groups) > 1 else ""
+            log.warning("RQ side unreadable%s: %s", where, exc, extra={"action": "rq_side_unreadable", "domain": "ops"})
+            errors.append(f"{type(exc).__name__}{where}: {exc}")
+    if not queues:
+        return {"error": "; ".join(errors), "queues": {}, "workers": [], "domains": {}}
     ages = _head_ages([q.head for q in queues.values() if q.head])
     for info in queues.values():
         info.live_workers = sum(1 for w in info.workers if workers[w].alive)
@@ -223,11 +225,28 @@ def snapshot(conn: redis.Redis | None = None) -> dict:
                 "oldest_wait": info.oldest_wait,
             }
     return {
-        "error": "",
+        "error": "; ".join(errors),
         "queues": {q: asdict(info) for q, info in queues.items()},
         "workers": [_worker_dict(w) for w in workers.values()],
         "domains": domains,
     }
+
+
+def _read_server(conn: redis.Redis, infos: list[QueueInfo]) -> dict[str, WorkerInfo]:
+    """Depth, head and registered workers of the queues on one server (one pipeline), and those workers."""
+    with conn.pipeline(transaction=False) as pipe:
+        for info in infos:
+            pipe.llen(queue_key(info.queue))
+            pipe.lindex(queue_key(info.queue), 0)
+            pipe.smembers(f"rq:workers:{info.queue}")
+        raw = pipe.execute()
+    names: set[str] = set()
+    for i, info in enumerate(infos):
+        depth, head, members = raw[3 * i : 3 * i + 3]
+        info.depth, info.head = int(depth), _text(head)
+        info.workers = sorted(_text(m).removeprefix(WORKER_PREFIX) for m in members)
+        names.update(info.workers)
+    return read_workers(conn, names)
 
 
 def _worker_dict(w: WorkerInfo) -> dict:
@@ -257,7 +276,7 @@ class JobRQState:
 
 def job_state(job_id: int, attempt: int, queue: str, conn: redis.Redis | None = None) -> JobRQState:
     """The RQ side of one attempt: its place in the queue, or the worker running it and whether it lives."""
-    conn = conn or redis_conn()
+    conn = conn or redis_conn(queue)
     rq_id = f"pf-{job_id}-{attempt}"
     state = JobRQState(rq_id=rq_id, queue=queue, in_redis=False)
     try:

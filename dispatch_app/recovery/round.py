@@ -165,9 +165,10 @@ class Round:
     @property
     def redis(self):
         if self._redis is None:
-            from dispatch_app.dispatch.publisher import redis_connection
+            from dispatch_app.redis_servers import domain_connection
 
-            self._redis = redis_connection()
+            # Evidence is read where the domain's queue lives (its RQ_QUEUES entry).
+            self._redis = domain_connection(self.domain)
         return self._redis
 
     @property

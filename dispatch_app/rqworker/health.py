@@ -116,15 +116,26 @@ def workers(connection: redis.Redis) -> list[WorkerHealth]:
 
 
 def snapshot(connection: redis.Redis | None = None) -> dict:
-    """{"workers": [...as_dict()], "error": ""}; Redis being down is reported, not raised."""
-    if connection is None:
-        from dispatch_app.dispatch.publisher import redis_connection
+    """{"workers": [...as_dict()], "error": ""}; Redis being down is reported, not raised.
 
-        connection = redis_connection()
-    try:
-        return {"workers": [w.as_dict() for w in workers(connection)], "error": ""}
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        return {"workers": [], "error": f"Redis unavailable: {exc}"}
+    Without a connection: the workers of every server a domain queue lives on (RQ_QUEUES); one server
+    down is reported while the others' workers are still listed.
+    """
+    from dispatch_app import redis_servers
+    from dispatch_app.domains import QUEUE_NAMES
+
+    if connection is not None:
+        targets = [("", connection)]
+    else:
+        targets = [(url, redis_servers.connection(url)) for url in redis_servers.by_server(QUEUE_NAMES)]
+    found, errors = [], []
+    for url, conn in targets:
+        try:
+            found.extend(w.as_dict() for w in workers(conn))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            where = f" ({redis_servers.label(url)})" if len(targets) > 1 else ""
+            errors.append(f"Redis unavailable{where}: {exc}")
+    return {"workers": found, "error": "; ".join(errors)}
 
 
 def render(snap: dict) -> list[str]:

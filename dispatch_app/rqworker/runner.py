@@ -20,6 +20,7 @@ from django.conf import settings
 from rq.serializers import JSONSerializer
 from rq.worker_pool import WorkerPool
 
+from dispatch_app import redis_servers
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import QUEUE_NAMES
 from dispatch_app.rqworker.worker import PipelineWorker
@@ -53,13 +54,26 @@ def parse_queues(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def one_server(queues: tuple[str, ...]) -> str:
+    """The Redis URL all these queues live on; a worker listens on one server only, so mixing them is refused."""
+    groups = redis_servers.by_server(queues)
+    if len(groups) > 1:
+        runs = "; ".join(f"--queues {','.join(names)} (on {redis_servers.label(url)})" for url, names in groups.items())
+        raise BadQueues(
+            f"queues {', '.join(queues)} live on {len(groups)} Redis servers (RQ_QUEUES) and one worker listens on "
+            f"one server only: run one runworkers per server: {runs}"
+        )
+    return next(iter(groups), settings.REDIS_URL)
+
+
 def worker_name() -> str:
     """Readable in rq info and the dashboard: host, pid, and a suffix unique across restarts."""
     return f"pf.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
-def connect() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+def connect(queues=()) -> redis.Redis:
+    """A new connection to the server the queues live on (their RQ_QUEUES entry; REDIS_URL without queues)."""
+    return redis.Redis.from_url(one_server(tuple(queues)) if queues else settings.REDIS_URL)
 
 
 def build_worker(queues, connection: redis.Redis | None = None, name: str | None = None) -> PipelineWorker:
@@ -69,7 +83,10 @@ def build_worker(queues, connection: redis.Redis | None = None, name: str | None
     while True:
         try:
             return PipelineWorker(
-                list(queues), name=name or worker_name(), connection=connection or connect(), serializer=JSONSerializer
+                list(queues),
+                name=name or worker_name(),
+                connection=connection or connect(queues),
+                serializer=JSONSerializer,
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.error(
@@ -98,7 +115,7 @@ class ProjectWorkerPool(WorkerPool):
     def __init__(self, plan: Plan):
         super().__init__(
             list(plan.queues),
-            connection=connect(),
+            connection=connect(plan.queues),
             num_workers=plan.processes,
             worker_class=PipelineWorker,
             serializer=JSONSerializer,

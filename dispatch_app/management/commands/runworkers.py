@@ -1,6 +1,7 @@
 """``manage.py runworkers``: the project's RQ workers, configured the one right way.
 
-All domain queues by default, the JSON serializer and
+All domain queues by default (they must live on one Redis: with domains on their
+own servers, run one ``runworkers --queues ...`` per server), the JSON serializer and
 ``dispatch_app.rqworker.PipelineWorker`` always. The logic is in
 dispatch_app.rqworker.runner.
 """
@@ -12,7 +13,7 @@ import os
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.management.commands._args import positive_int
-from dispatch_app.rqworker.runner import BadQueues, Plan, parse_queues, run
+from dispatch_app.rqworker.runner import BadQueues, Plan, one_server, parse_queues, run
 
 
 class Command(BaseCommand):
@@ -34,6 +35,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         try:
             queues = parse_queues(options["queues"])
+            one_server(queues)  # refused up front, naming the per-server --queues to run instead
         except BadQueues as exc:
             raise CommandError(str(exc)) from None
         plan = Plan(
