@@ -53,6 +53,10 @@ FROM j
 RETURNING id
 """
 
+RECORDED_SQL = f"""
+SELECT id FROM {TABLE} WHERE job_id = %(job)s AND seq = %(seq)s AND request_id = %(request_id)s
+"""
+
 SETTLE_SQL = f"""
 UPDATE {TABLE} SET status = %s, result = %s, error = %s, finished_at = clock_timestamp()
 WHERE id = %s AND status IN ('pending', 'unknown')
@@ -126,12 +130,35 @@ def unsettled(job_id: int) -> list[Call]:
 
 
 def record(job_id: int, attempt: int, seq: int, purpose: str, request_id: str) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            RECORD_SQL,
-            {"job": job_id, "attempt": attempt, "seq": seq, "purpose": purpose[:200], "request_id": request_id},
-        )
-        row = cursor.fetchone()
+    """Record a call before it is made; one retry on a fresh connection if the old one had died.
+
+    The call is not made yet, so a lost connection here must not fail the job.
+    The request id is new for this call: a row already carrying it is this
+    record, committed before its answer was lost, and is not inserted twice.
+    """
+    params = {"job": job_id, "attempt": attempt, "seq": seq, "purpose": purpose[:200], "request_id": request_id}
+    for retry in (False, True):
+        try:
+            with connection.cursor() as cursor:
+                if retry:
+                    cursor.execute(RECORDED_SQL, params)
+                    row = cursor.fetchone()
+                    if row is not None:
+                        return row[0]
+                cursor.execute(RECORD_SQL, params)
+                row = cursor.fetchone()
+            break
+        except (OperationalError, InterfaceError):
+            if retry or connection.in_atomic_block:
+                raise
+            log.warning(
+                "job %s attempt %s: connection lost while recording vendor call %s; retrying once",
+                job_id,
+                attempt,
+                seq,
+                extra={"action": "vendor_record_retry", "domain": "worker"},
+            )
+            connection.close()
     if row is None:
         raise AttemptSuperseded(f"job {job_id} attempt {attempt} is no longer running; vendor call {seq} not made")
     return row[0]

@@ -51,3 +51,31 @@ def test_the_call_outcome_survives_a_terminated_connection(terminating_provider)
     calls = list(VendorCall.objects.filter(job=job).values_list("status", flat=True))
     assert calls == ["succeeded"]
     assert Job.objects.filter(pk=job.pk, finished_at__isnull=False).exists()
+
+
+class TerminatingBeforeRecordProvider(LocalProvider):
+    """The session dies between two calls: the second call's record meets a dead connection."""
+
+    terminated = 0
+
+    def new_request_id(self):
+        with psycopg.connect(autocommit=True, **listener_conninfo()) as admin:
+            TerminatingBeforeRecordProvider.terminated += admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+        return super().new_request_id()
+
+
+def test_a_record_meeting_a_dead_connection_is_retried_once(tmp_path):
+    set_provider(TerminatingBeforeRecordProvider(root=tmp_path, latency_ms=0, failure_rate=0))
+    try:
+        job = submit("partial_edit", PAYLOAD)
+        assert execute("partial_edit", job.pk, 1) == {"succeeded": True}
+    finally:
+        set_provider(None)
+
+    assert TerminatingBeforeRecordProvider.terminated >= 1, "the fault did not happen"
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    assert list(VendorCall.objects.filter(job=job).values_list("status", flat=True)) == ["succeeded"]
