@@ -90,11 +90,16 @@ class Publisher:
         self._fixed = connection is not None
         self.connection = connection or redis_connection()
         self._queues: dict[str, Queue] = {}
+        self._servers: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def server(self, queue: str) -> str:
         """The key of the Redis server a queue lives on (envelopes are grouped, and breakers kept, by it)."""
-        return "default" if self._fixed else redis_servers.queue_url(queue)
+        # Asked per envelope on the hot path: a dict lookup, not a walk through the settings.
+        server = self._servers.get(queue)
+        if server is None:
+            server = self._servers[queue] = "default" if self._fixed else redis_servers.queue_url(queue)
+        return server
 
     def servers(self) -> list[str]:
         """Every server a registered domain's queue lives on, the default one first."""
