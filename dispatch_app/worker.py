@@ -201,6 +201,17 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
         result = domain.work(ctx)
     except ProviderError as exc:
         return _provider_failed(domain, job_id, attempt, exc)
+    except (OperationalError, InterfaceError) as exc:
+        # The session died mid-work (a terminated backend, a failover): no verdict on the work itself. What
+        # it did is in the vendor-call ledger, so the next attempt resumes after the calls that took effect.
+        log.warning(
+            "job %s attempt %s: database connection lost during the work; retrying through the outbox",
+            job_id,
+            attempt,
+            extra={"action": "work_connection_lost", "domain": domain_key},
+        )
+        connection.close()
+        return _provider_failed(domain, job_id, attempt, exc, reason=f"database connection lost during the work: {exc}")
     except Exception as exc:
         log.exception(
             "job %s attempt %s crashed", job_id, attempt, extra={"action": "task_error", "domain": domain_key}
@@ -218,7 +229,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     return {"succeeded": True}
 
 
-def _provider_failed(domain, job_id: int, attempt: int, exc: ProviderError) -> dict:
+def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: str | None = None) -> dict:
     """A known vendor failure: retry through the outbox while attempts remain.
 
     The retry resumes from the failing call (the vendor-call ledger). A call in
@@ -249,7 +260,7 @@ def _provider_failed(domain, job_id: int, attempt: int, exc: ProviderError) -> d
     conf = dispatch_settings()
     # The same attempt budget recovery uses, settings overrides included.
     policy = resolve(domain.key, conf.RECOVERY)
-    reason = f"provider failed: {exc}"
+    reason = reason or f"provider failed: {exc}"
     if attempt < policy.max_attempts:
         delay = min(conf.SEND_BACKOFF_BASE * (2 ** (attempt - 1)), conf.SEND_BACKOFF_MAX)
         with transaction.atomic():
