@@ -289,16 +289,17 @@ class DispatchLoop:
         rank = {OPEN: 0, "half_open": 1, CLOSED: 2}
         server, breaker = min(self.breakers.items(), key=lambda item: rank.get(item[1].state, 2))
         state = breaker.snapshot()
-        if state.state != CLOSED and len(self.breakers) > 1:
-            return BreakerState(
-                state.state,
-                reason=f"{state.reason} [{redis_servers.label(server)}]",
-                error=state.error,
-                paused_seconds=state.paused_seconds,
-                pauses=state.pauses,
-                probe_in=state.probe_in,
-            )
-        return state
+        if len(self.breakers) == 1:
+            return state
+        # Pauses are counted over every server (the observers' counters only ever grow).
+        return BreakerState(
+            state.state,
+            reason=f"{state.reason} [{redis_servers.label(server)}]" if state.state != CLOSED else "",
+            error=state.error,
+            paused_seconds=state.paused_seconds,
+            pauses=sum(b.pauses for b in self.breakers.values()),
+            probe_in=state.probe_in,
+        )
 
     def _report(self, total: DrainResult) -> DrainResult:
         total.breaker = self.breaker_state()

@@ -102,6 +102,7 @@ def test_each_domain_goes_to_its_own_redis_and_one_outage_pauses_only_its_domain
         assert (result.dispatched, result.outage_released, result.dead, result.failed) == (4, 4, 0, 0)
         assert loop.breakers[down_url].state == "open" and loop.breakers[up_url].state == "closed"
         assert "[unix://" in result.breaker.reason, "the observers are told which server refuses"
+        assert result.breaker.pauses == 1
         # MAX_SEND_ATTEMPTS is 1: had the outage counted, the workflow envelopes would be dead.
         assert _pending_uncounted(workflow) == 4
         assert Job.objects.filter(pk__in=[j.pk for j in delivery], status="queued").count() == 4
@@ -132,6 +133,7 @@ def test_each_domain_goes_to_its_own_redis_and_one_outage_pauses_only_its_domain
         _due_now()
         resumed = loop.run_once()
         assert loop.breakers[down_url].state == "closed"
+        assert (resumed.breaker.state, resumed.breaker.pauses) == ("closed", 1)
         _due_now()
         loop.run_once()
     finally:
