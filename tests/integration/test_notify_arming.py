@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from dispatch_app import submit
-from dispatch_app.dispatch.arming import Arming
+from dispatch_app.dispatch.arming import DISARM_AT_CLAIMED, Arming
 from dispatch_app.dispatch.listener import Listener, listener_conninfo
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
@@ -227,16 +227,17 @@ def test_a_busy_dispatcher_disarms_and_its_writers_stop_notifying(dispatcher, li
     d.scan(HANDOVER)
     submit("delivery", PAYLOADS["delivery"])
     assert d.wake.wait(10) == NOTIFY
-    submit("delivery", PAYLOADS["delivery"])  # arrives while the dispatcher "drains"
-    wait_until(lambda: d.listener.notifications >= 2, 10, message="the second NOTIFY")
+    for _ in range(DISARM_AT_CLAIMED - 1):
+        submit("delivery", PAYLOADS["delivery"])  # arrive while the dispatcher "drains"
+    wait_until(lambda: d.listener.notifications >= DISARM_AT_CLAIMED, 10, message="the other NOTIFYs")
     result = d.scan(NOTIFY)
-    assert result.claimed == 2
-    assert not d.arming.armed and armed_rows() == 0, "work arrived during the drain: disarmed"
+    assert result.claimed == DISARM_AT_CLAIMED
+    assert not d.arming.armed and armed_rows() == 0, "work keeps arriving faster than drains: disarmed"
     job = submit("delivery", PAYLOADS["delivery"])
-    # The first two commits were announced, the third was not: a busy dispatcher needs no announcements.
-    assert announced(listen, sentinel) == ["delivery", "delivery"]
+    # The earlier commits were announced, this one was not: a busy dispatcher needs no announcements.
+    assert announced(listen, sentinel) == ["delivery"] * DISARM_AT_CLAIMED
     # (The real listener hears the sentinel too; it collapses into the wake still pending.)
-    wait_until(lambda: d.listener.notifications >= 3, 10, message="the sentinel")
+    wait_until(lambda: d.listener.notifications >= DISARM_AT_CLAIMED + 1, 10, message="the sentinel")
     assert d.wake.wait(0) == NOTIFY
     assert d.scan(NOTIFY).dispatched == 1
     assert status(job) == "dispatched"
@@ -333,9 +334,19 @@ def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
     d = dispatcher()
     d.arming.arm()
     assert d.wake.wait(0) == HANDOVER
-    d.arming.drained(type("R", (), {"claimed": 3})())  # several commits since the last scan, none pending
+    d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED})())  # many commits since the last scan
     assert not d.arming.armed and armed_rows() == 0
     assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
+
+
+def test_a_few_envelopes_per_drain_keep_the_dispatcher_armed(dispatcher):
+    """A few hundred jobs/s: announcements are cheap for the writers and keep commit -> dispatched short."""
+    d = dispatcher()
+    d.arming.arm()
+    assert d.wake.wait(0) == HANDOVER
+    d.wake.set(NOTIFY)  # one more commit announced while it drained
+    d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED - 1})())
+    assert d.arming.armed and armed_rows() == 1
 
 
 def test_a_long_transaction_in_the_fence_blocks_nothing(dispatcher):
