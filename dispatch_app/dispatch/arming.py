@@ -5,8 +5,8 @@ lock (``PreCommit_Notify``) until the commit is done, so notifying writers
 commit one at a time. The envelope triggers therefore notify only while a row
 of ``dispatch_app_notifyarm`` is armed (``armed_until`` ahead). A dispatcher
 arms when it goes idle (two empty scans in a row after finding work) and
-disarms when work keeps arriving (a drain finds more than one envelope, or one
-was announced while it drained): a busy dispatcher scans again after a few
+disarms when work arrives faster than announced drains take it (one drain claims
+DISARM_AT_CLAIMED envelopes): a busy dispatcher scans again after a few
 milliseconds (POLL, a linger that lets batches gather) and needs no announcements.
 
 The hand-over. A writer reads the arm state in its trigger and commits later.
