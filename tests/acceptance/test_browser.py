@@ -166,16 +166,32 @@ def _dispatch_all() -> int:
         loop.close()
 
 
+def _fresh(read, tries: int = 10):
+    """Read the page again if the dashboard's live refresh replaced the element between find and read.
+
+    The refresh swaps the live part at most every few seconds, so a second find sees the new, whole DOM.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for attempt in range(tries):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            if attempt == tries - 1:
+                raise
+
+
 def _text(browser, element_id: str) -> str:
     from selenium.webdriver.common.by import By
 
-    return browser.find_element(By.ID, element_id).text
+    return _fresh(lambda: browser.find_element(By.ID, element_id).text)
 
 
 def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
     browser, live_server, django_user_model, subprocess_env, tmp_path
 ):
     from django.contrib.admin.models import LogEntry
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -197,8 +213,13 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         banners = _text(browser, "pf-banners")
         assert "No live dispatcher" in banners
         assert "delivery: 6 job(s) waiting in RQ queue delivery (6 queued in PostgreSQL) and no live worker" in banners
-        cell = browser.find_element(By.CSS_SELECTOR, "#pf-rq-delivery .pf-live-workers")
-        assert cell.text == "0" and "pf-red" in cell.get_attribute("class")
+        cell_text, cell_class = _fresh(
+            lambda: (
+                (cell := browser.find_element(By.CSS_SELECTOR, "#pf-rq-delivery .pf-live-workers")).text,
+                cell.get_attribute("class"),
+            )
+        )
+        assert cell_text == "0" and "pf-red" in cell_class
         browser.get(f"{live_server.url}/admin/dispatch_app/job/{backlog[-1].pk}/timeline/")
         assert _text(browser, "pf-rq-position") == "6"
         assert _text(browser, "pf-rq-workers") == "0 live workers serve it"
@@ -233,11 +254,15 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
             lambda: Job.objects.filter(pk__in=ids, status="failed").count() == 6, 90, message="6 delivery failures"
         )
         failed_cell = "#pf-fail-delivery td:nth-child(3) a"
-        WebDriverWait(browser, 30).until(lambda b: b.find_element(By.CSS_SELECTOR, failed_cell).text == "6")
+        WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda b: b.find_element(By.CSS_SELECTOR, failed_cell).text == "6"
+        )
         assert browser.execute_script("return document.getElementById('pf-live').dataset.marker") == "same page"
         assert "100% of 6" in _text(browser, "pf-fail-delivery")
-        no_worker = browser.find_elements(By.CSS_SELECTOR, "#pf-banners [data-key=no-worker]")
-        assert not [b.text for b in no_worker if b.text.startswith("delivery:")]
+        no_worker = _fresh(
+            lambda: [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#pf-banners [data-key=no-worker]")]
+        )
+        assert not [text for text in no_worker if text.startswith("delivery:")]
         assert "DEAD" in _text(browser, "pf-workers")
         # The README's screenshot is refreshed only on request (PRODUCTFLOW_SCREENSHOTS=1), so a test run leaves
         # the tree clean; the admin's side bar is folded away and the window made tall enough for the tables.
@@ -250,7 +275,7 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         browser.set_window_size(1500, 1100)
 
         # 4. Bulk retry from the count's deep link: select all, "Retry now", the confirmation page, confirm.
-        browser.find_element(By.CSS_SELECTOR, failed_cell).click()
+        _fresh(lambda: browser.find_element(By.CSS_SELECTOR, failed_cell).click())
         WebDriverWait(browser, 15).until(lambda b: "Select job to" in b.title or "Select job" in b.page_source)
         rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
         assert len(rows) == 6
