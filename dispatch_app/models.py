@@ -49,6 +49,9 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Set by a trigger on every update, so no writer can forget it or use host time.
     updated_at = models.DateTimeField(db_default=ClockTimestamp())
+    # The submitter's W3C trace context ({"traceparent": ..., "tracestate": ...}) when it ran inside a span
+    # (dispatch_app.tracing); the dispatcher's and worker's stage spans join that trace. NULL: not traced.
+    trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -1,0 +1,19 @@
+# The submitter's W3C trace context on the job (issue 13 part 3, dispatch_app.tracing). Nullable, no default:
+# adding it rewrites nothing, and an untraced submit writes NULL.
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("dispatch_app", "0008_worker_health"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="job",
+            name="trace_context",
+            field=models.JSONField(blank=True, null=True),
+        ),
+    ]
