@@ -1,0 +1,70 @@
+"""What every operator page shares: permissions named in 403s, read-only model admins, action reports, SQL ages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+
+from dispatch_app.dbtime import ClockTimestamp
+
+DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
+PAUSE_PERMISSION = "dispatch_app.pause_domain"
+RQ_PERMISSION = "django_rq.admin"
+
+
+def require_perm(request, perm: str, what: str) -> None:
+    """A 403 that names the permission missing (templates/403.html shows it)."""
+    if not request.user.has_perm(perm):
+        raise PermissionDenied(f"{what} needs the permission {perm!r}, which {request.user.get_username()} lacks.")
+
+
+def older_than(field: str, delta: timedelta) -> dict:
+    cutoff = ExpressionWrapper(
+        ClockTimestamp() - Value(delta, output_field=DurationField()), output_field=DateTimeField()
+    )
+    return {f"{field}__lt": cutoff}
+
+
+def since(field: str):
+    return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows change only through the outbox actions, never through a form."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def _refuse_unless_viewable(self, request, obj=None) -> None:
+        if not self.has_view_or_change_permission(request, obj):
+            opts = self.model._meta
+            raise PermissionDenied(
+                f"The {opts.verbose_name_plural} pages need the permission '{opts.app_label}.view_{opts.model_name}', "
+                f"which {request.user.get_username()} lacks."
+            )
+
+    def changelist_view(self, request, extra_context=None):
+        self._refuse_unless_viewable(request)
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        self._refuse_unless_viewable(request)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+
+def report(modeladmin, request, outcomes) -> None:
+    applied = [o for o in outcomes if o.applied]
+    refused = [o for o in outcomes if not o.applied]
+    if applied:
+        modeladmin.message_user(request, "; ".join(o.message for o in applied[:10]), messages.SUCCESS)
+    if refused:
+        modeladmin.message_user(request, "; ".join(o.message for o in refused[:10]), messages.WARNING)

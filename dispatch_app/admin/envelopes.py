@@ -1,0 +1,69 @@
+"""The envelope list: the outbox rows with their due time, send attempts and last error; make due, re-arm."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+
+from dispatch_app.admin.common import ReadOnlyAdmin, report, since
+from dispatch_app.admin.filters import EnvelopeAgeFilter
+from dispatch_app.models import DispatchEnvelope
+from dispatch_app.ops import actions
+from dispatch_app.ops.timeline import format_duration
+
+
+@admin.register(DispatchEnvelope)
+class EnvelopeAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "job_link",
+        "attempt",
+        "domain",
+        "queue",
+        "status",
+        "available_at",
+        "age",
+        "send_attempts",
+        "short_error",
+    )
+    list_filter = ("status", "domain", EnvelopeAgeFilter)
+    search_fields = ("=id", "=job__id")
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ["retry_now", "rearm"]
+    readonly_fields = [f.name for f in DispatchEnvelope._meta.fields]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_age=since("created_at"))
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, obj):
+        return format_html(
+            '<a href="{}">job {}</a>', reverse("admin:dispatch_app_job_timeline", args=[obj.job_id]), obj.job_id
+        )
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj):
+        return format_duration(getattr(obj, "_age", None))
+
+    @admin.display(description="last error")
+    def short_error(self, obj):
+        return (obj.last_error[:120] + "…") if len(obj.last_error) > 120 else obj.last_error
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("dispatch_app.retry_envelope")
+
+    def has_rearm_permission(self, request):
+        return request.user.has_perm("dispatch_app.rearm_envelope")
+
+    @admin.action(description="Make due now (pending envelopes)", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        ids = queryset.values_list("pk", flat=True)
+        report(self, request, [actions.retry_envelope_now(pk, user=request.user) for pk in ids])
+
+    @admin.action(description="Re-arm dead envelopes (back to the outbox)", permissions=["rearm"])
+    def rearm(self, request, queryset):
+        ids = queryset.values_list("pk", flat=True)
+        report(self, request, [actions.rearm_envelope(pk, user=request.user) for pk in ids])

@@ -1,0 +1,147 @@
+"""The job list: the stage each job waits in, per-stage times of its current attempt, retry and cancel."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from dispatch_app import stages
+from dispatch_app.admin.common import DASHBOARD_PERMISSION, ReadOnlyAdmin, report, since
+from dispatch_app.admin.dashboard import DashboardViews
+from dispatch_app.admin.filters import AgeFilter, FinishedWithinFilter, StageFilter
+from dispatch_app.admin.timeline import TimelineViews
+from dispatch_app.models import Job
+from dispatch_app.ops import actions, timeline
+from dispatch_app.ops.timeline import format_duration
+
+# Bulk retries list every job on the confirmation page; more than this is refused (narrow the filter).
+RETRY_CONFIRM_MAX = 5000
+
+
+@admin.register(Job)
+class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "domain",
+        "status",
+        "waiting_in",
+        "attempt",
+        "age",
+        "backoff_wait",
+        "outbox_wait",
+        "queue_wait",
+        "run_time",
+        "timeline_link",
+    )
+    list_filter = ("domain", "status", StageFilter, AgeFilter, FinishedWithinFilter)
+    search_fields = ("=id", "vendor_request_id")
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False  # no count(*) over a big table on each page
+    actions = ["retry_now", "cancel"]
+    change_list_template = "admin/dispatch_app/job/change_list.html"
+    readonly_fields = [f.name for f in Job._meta.fields]
+
+    def get_queryset(self, request):
+        # The stage columns are the current attempt's (dispatch_app.stages), fetched with the page.
+        return stages.annotate_current(super().get_queryset(request).annotate(_age=since("submitted_at")))
+
+    def get_search_results(self, request, queryset, search_term):
+        # A number is a job id, exactly: "5" finds job 5, not every vendor request id containing a 5.
+        term = search_term.strip().lstrip("#")
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def _stage(self, obj, key: str) -> str:
+        if not hasattr(obj, "_now"):
+            return "–"
+        stage = stages.current_attempt(obj).stage(key, obj._now)
+        if stage is None or stage.duration is None:
+            return "–"
+        return format_duration(stage.duration) + (" so far" if stage.ongoing else "")
+
+    @admin.display(description="waiting in")
+    def waiting_in(self, obj):
+        if not hasattr(obj, "_now"):
+            return timeline.waiting_stage(obj.status)
+        key = stages.current_attempt(obj).waiting_in(obj._now)
+        return stages.SHORT.get(key, key)
+
+    @admin.display(description="age", ordering="submitted_at")
+    def age(self, obj):
+        return format_duration(getattr(obj, "_age", None))
+
+    @admin.display(description="backoff")
+    def backoff_wait(self, obj):
+        return self._stage(obj, "backoff")
+
+    @admin.display(description="outbox")
+    def outbox_wait(self, obj):
+        return self._stage(obj, "outbox")
+
+    @admin.display(description="RQ queue")
+    def queue_wait(self, obj):
+        return self._stage(obj, "rq")
+
+    @admin.display(description="worker")
+    def run_time(self, obj):
+        return self._stage(obj, "worker")
+
+    @admin.display(description="timeline")
+    def timeline_link(self, obj):
+        return format_html('<a href="{}">timeline</a>', reverse("admin:dispatch_app_job_timeline", args=[obj.pk]))
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("dispatch_app.retry_job")
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("dispatch_app.cancel_job")
+
+    @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
+        if len(ids) > RETRY_CONFIRM_MAX:
+            self.message_user(
+                request, f"More than {RETRY_CONFIRM_MAX} jobs selected; narrow the filter.", messages.ERROR
+            )
+            return None
+        if request.POST.get("confirmed") != "yes":
+            # An intermediate page first: per domain, whether re-running is safe and which vendor requests
+            # are in doubt. Nothing changes until the operator confirms.
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Retry these jobs?",
+                "opts": self.model._meta,
+                "plans": actions.retry_plan(ids),
+                "ids": ids,
+                "action": "retry_now",
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/dispatch_app/job/retry_confirm.html", context)
+        report(self, request, [actions.retry_job_now(pk, user=request.user) for pk in ids])
+        return None
+
+    @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
+    def cancel(self, request, queryset):
+        report(
+            self, request, [actions.cancel_job(pk, user=request.user) for pk in queryset.values_list("pk", flat=True)]
+        )
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="dispatch_app_dashboard"),
+            path("dashboard/live/", view(self.dashboard_fragment_view), name="dispatch_app_dashboard_live"),
+            path("dashboard/data.json", view(self.dashboard_json_view), name="dispatch_app_dashboard_json"),
+            path("dashboard/pause/", view(require_POST(self.pause_view)), name="dispatch_app_dashboard_pause"),
+            path("<int:job_id>/timeline/", view(self.timeline_view), name="dispatch_app_job_timeline"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "can_see_dashboard": request.user.has_perm(DASHBOARD_PERMISSION)}
+        return super().changelist_view(request, extra_context)

@@ -1,0 +1,58 @@
+"""A job's timeline page (mixed into JobAdmin): every attempt's stages and events, and the RQ side live."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.template.response import TemplateResponse
+
+from dispatch_app.models import Job
+from dispatch_app.ops import timeline
+from dispatch_app.ops.timeline import format_duration
+
+
+def rq_state(data):
+    """The RQ side of a queued or running job: its place in its queue, or whether the worker running it lives."""
+    from dispatch_app.domains import REGISTRY
+    from dispatch_app.ops import rqside
+
+    job = data.job
+    if job.status not in ("submitted", "queued", "running") or job.domain not in REGISTRY:
+        return None
+    if job.status == "submitted" and job.dispatched_at is None:
+        return None  # still in the outbox: nothing in Redis yet
+    state = rqside.job_state(job.pk, job.attempt, REGISTRY[job.domain].queue)
+    if job.status == "running" and not state.worker and not state.error:
+        # No RQ hash names a worker: fall back on the one the attempt's start recorded.
+        recorded = next((v.attempt.worker for v in getattr(data, "attempts", []) if v.current), "")
+        if recorded:
+            info = rqside.read_workers(rqside.redis_conn(), [recorded])[recorded]
+            state.worker, state.worker_alive, state.worker_dead_reason = recorded, info.alive, info.dead_reason
+            state.last_heartbeat = info.last_heartbeat
+    dead_for = None
+    if state.worker_alive is False and state.last_heartbeat is not None:
+        dead_for = max((data.now - state.last_heartbeat).total_seconds(), 0.0)
+    return {**state.__dict__, "dead_for": dead_for}
+
+
+class TimelineViews:
+    def timeline_view(self, request, job_id: int):
+        if not self.has_view_permission(request):
+            raise PermissionDenied(
+                f"A job's timeline needs the permission 'dispatch_app.view_job', "
+                f"which {request.user.get_username()} lacks."
+            )
+        try:
+            data = timeline.build(job_id)
+        except Job.DoesNotExist:
+            raise Http404(f"job {job_id} does not exist") from None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Timeline of {data.job}",
+            "opts": self.model._meta,
+            "timeline": data,
+            "entries": [(e, format_duration(e.until_next)) for e in data.entries],
+            "stages": [(s, format_duration(s.duration)) for s in data.stages],
+            "rq_state": rq_state(data),
+        }
+        return TemplateResponse(request, "admin/dispatch_app/timeline.html", context)
