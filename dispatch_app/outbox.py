@@ -28,6 +28,7 @@ from django.core.signals import setting_changed
 from django.db import connection
 from django.db.models import NOT_PROVIDED
 
+from dispatch_app import tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent, JobStatus
@@ -103,7 +104,7 @@ def _model_defaults(model, explicit: set[str]) -> tuple[list[str], list]:
 @cache
 def _statement() -> tuple[str, list, list[str]]:
     """The write, built once from the models so a field added later keeps its default."""
-    job_columns, job_values = _model_defaults(Job, {"domain", "payload"})
+    job_columns, job_values = _model_defaults(Job, {"domain", "payload", "trace_context"})
     env_columns, env_values = _model_defaults(
         DispatchEnvelope, {"job_id", "attempt", "domain", "queue", "available_at"}
     )
@@ -121,8 +122,8 @@ WITH spec AS (
     SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::float8[])
         WITH ORDINALITY AS s(domain, payload, queue, at, delay, n)
 ), job AS (
-    INSERT INTO {Job._meta.db_table} (domain, payload{extra(job_columns)})
-    SELECT domain, payload::jsonb{placeholders(job_columns)} FROM spec ORDER BY n
+    INSERT INTO {Job._meta.db_table} (domain, payload, trace_context{extra(job_columns)})
+    SELECT domain, payload::jsonb, %s::jsonb{placeholders(job_columns)} FROM spec ORDER BY n
     RETURNING id{extra(returned_columns)}
 ), numbered AS (
     -- Ids are drawn in the order the rows are inserted (ORDER BY n).
@@ -160,6 +161,7 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
     if not specs:
         return []
     sql, defaults, returned = _statement()
+    trace = tracing.capture()  # the caller's trace context, one parameter of the same statement (dispatch_app.tracing)
     at = [s.available_at if isinstance(s.available_at, datetime) else None for s in specs]
     delay = [s.available_at.total_seconds() if isinstance(s.available_at, timedelta) else None for s in specs]
     params = [
@@ -168,6 +170,7 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
         [get_domain(s.domain).queue for s in specs],
         at,
         delay,
+        json.dumps(trace) if trace else None,
         *defaults,
     ]
     with connection.cursor() as cursor:
@@ -175,7 +178,7 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
         rows = cursor.fetchall()
     jobs = []
     for spec, row in zip(specs, rows, strict=True):
-        job = Job(domain=spec.domain, payload=spec.payload)
+        job = Job(domain=spec.domain, payload=spec.payload, trace_context=trace)
         job.id = row[0]
         for name, value in zip(returned, row[1:], strict=True):
             setattr(job, name, value)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
+from dispatch_app import tracing
+
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
 ATTEMPT = "dispatch_app_jobattempt"
@@ -128,6 +130,7 @@ def mark_dispatched(envelope_ids: list[int], token: uuid.UUID, latencies: list[f
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token})
         count, waits = cursor.fetchone()
+    tracing.envelopes_dispatched(envelope_ids)  # outbox-wait spans of traced jobs; no-op without a tracer provider
     if latencies is not None and waits:
         latencies.extend(waits)
     return count
