@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
+from dispatch_app import tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
@@ -32,7 +33,7 @@ SET status = 'running', started_at = clock_timestamp(),
     dispatched_at = COALESCE(dispatched_at, clock_timestamp())
 FROM (SELECT set_config('productflow.worker', %s, true)) AS w
 WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
-RETURNING payload
+RETURNING payload, trace_context, started_at
 """
 
 # Job.error: "<module.ExceptionClass>: <message>", a blank line, the traceback; at most this long.
@@ -164,6 +165,7 @@ def execute(domain_key: str, job_id: int, attempt: int) -> dict:
     try:
         return _execute(domain_key, job_id, attempt)
     finally:
+        tracing.job_ended()  # ends the run span job_started opened (dispatch_app.tracing); else a no-op
         _check.after()
 
 
@@ -187,6 +189,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
             extra={"action": "duplicate_delivery", "domain": domain_key},
         )
         return {"duplicate": True}
+    tracing.job_started(domain_key, job_id, attempt, row[1], row[2])  # the run span, if the submit was traced
     # Django leaves jsonb undecoded on raw cursors.
     payload = json.loads(row[0]) if isinstance(row[0], str) else row[0]
     try:
