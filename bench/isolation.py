@@ -24,7 +24,7 @@ BLOCKED_DOMAIN = "image_series"
 
 
 def run(ctx: Context) -> list[dict]:
-    from dispatch_app.domains import DOMAIN_KEYS
+    from dispatch_app.domains import domain_keys
 
     env = ctx.env
     rate = ctx.size("isolation_rate", 200.0, 200.0)
@@ -35,12 +35,12 @@ def run(ctx: Context) -> list[dict]:
 
     def run_one(variant: str, index: int):
         env.reset()
-        seed_stale(int(stale), list(DOMAIN_KEYS))
+        seed_stale(int(stale), list(domain_keys()))
         spec = {"kind": "serial" if variant == "serial" else "dispatch", "listen": True, "poll": 1.0}
         extra_specs = []
         if variant != "unloaded":
             recovery = {
-                "domains": list(DOMAIN_KEYS),
+                "domains": list(domain_keys()),
                 "period": period,
                 "batch": 25,
                 "block_domains": {BLOCKED_DOMAIN: block},

@@ -125,9 +125,9 @@ class RQObserver:
 
 
 def _domains(domains: list[str] | None) -> list[str]:
-    from dispatch_app.domains import DOMAIN_KEYS
+    from dispatch_app.domains import domain_keys
 
-    return list(domains or DOMAIN_KEYS)
+    return list(domains or domain_keys())
 
 
 def submit_paced(
@@ -195,16 +195,16 @@ def db_latencies(ids, column: str = "dispatched_at") -> dict[int, float]:
 
 
 def queue_names() -> list[str]:
-    from dispatch_app.domains import QUEUE_NAMES
+    from dispatch_app.domains import queue_names
 
-    return list(QUEUE_NAMES)
+    return list(queue_names())
 
 
 def _domain_arrays(domains: list[str] | None) -> tuple[list[str], list[str]]:
-    from dispatch_app.domains import REGISTRY
+    from dispatch_app.domains import get_domain
 
     keys = _domains(domains)
-    return keys, [REGISTRY[k].queue for k in keys]
+    return keys, [get_domain(k).queue for k in keys]
 
 
 def seed_pending(count: int, *, domains: list[str] | None = None, envelope_status: str = "pending") -> tuple[int, int]:

@@ -103,10 +103,10 @@ def _rounds() -> dict[str, dict]:
 
 
 def run(ctx: Context) -> list[dict]:
-    from dispatch_app.domains import DOMAIN_KEYS
+    from dispatch_app.domains import domain_keys
 
     env = ctx.env
-    domains = list(DOMAIN_KEYS)
+    domains = list(domain_keys())
     per_domain = int(ctx.size("storm_stale_per_domain", 10_000, 200))
     rate = ctx.size("storm_rate", 200.0, 200.0)
     seconds = ctx.size("storm_seconds", 8.0, 0.6)

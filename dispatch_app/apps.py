@@ -8,7 +8,21 @@ class DispatchAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.signals import setting_changed
+
+        from dispatch_app.domains import registry
+
         checks.register(_check_dispatch_settings)
+        setting_changed.connect(_domains_setting_changed, dispatch_uid="dispatch_app.domains")
+        # Declared domains load now, so every queue has its RQ_QUEUES entry before anything reads it.
+        registry.all_domains()
+
+
+def _domains_setting_changed(setting, **kwargs):
+    if setting in ("PRODUCTFLOW_DOMAINS", "TASKS"):
+        from dispatch_app.domains import registry
+
+        registry.reset()
 
 
 def _check_dispatch_settings(app_configs, **kwargs):

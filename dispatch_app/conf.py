@@ -16,6 +16,19 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from dispatch_app.recovery.policy import validate_overrides
+from dispatch_app.values import coerce_number
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "SPECS",
+    "DispatchSettings",
+    "check_lease",
+    "coerce_number",
+    "dispatch_settings",
+    "validate",
+]
+
 # Versioned so the SQL trigger and the listener can evolve together.
 NOTIFY_CHANNEL = "productflow_dispatch_v1"
 
@@ -61,8 +74,12 @@ SPECS: dict[str, _Spec] = {
         15.0, float, 1, 3600, "a LISTEN connection whose network stays silent this long is dropped and redone (s)"
     ),
     "NOTIFY_ARM_LEASE": _Spec(
-        10.0, float, 1, 86_400, "an idle dispatcher's arm (writers NOTIFY while armed) lasts this long unrenewed, "
-        "at least 3 x POLL_INTERVAL (s)"
+        10.0,
+        float,
+        1,
+        86_400,
+        "an idle dispatcher's arm (writers NOTIFY while armed) lasts this long unrenewed, "
+        "at least 3 x POLL_INTERVAL (s)",
     ),
     "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
     "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
@@ -137,27 +154,9 @@ def _coerce(key: str, value: Any, spec: _Spec) -> Any:
         if not isinstance(value, dict):
             raise ImproperlyConfigured(f"{where} must be a dict, got {type(value).__name__}")
         if key == "RECOVERY":
-            # Imported here: the policy module reads the domain registry, which must not import conf.
-            from dispatch_app.recovery.policy import validate_overrides
-
             return validate_overrides(value)
         return value
     return coerce_number(where, value, spec.kind, spec.minimum, spec.maximum)
-
-
-def coerce_number(where: str, value: Any, kind: type, minimum: float | None, maximum: float | None) -> Any:
-    """A number of ``kind`` within [minimum, maximum], or an error naming ``where``."""
-    # NaN and infinities pass or break every comparison below; a bool is no count.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ImproperlyConfigured(f"{where} must be a number, got {value!r}")
-    if kind is int and int(value) != value:
-        raise ImproperlyConfigured(f"{where} must be a whole number, got {value!r}")
-    value = kind(value)
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{where} must be >= {minimum:g}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ImproperlyConfigured(f"{where} must be <= {maximum:g}, got {value!r}")
-    return value
 
 
 def validate(raw: dict | None) -> DispatchSettings:

@@ -10,11 +10,54 @@ included: a worker can only listen on one).
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from django.conf import settings
+
+
+def with_timeouts(url: str, timeout: float) -> str:
+    """Every Redis call of ours is bounded: redis-py reads these from the URL (unless it sets them)."""
+    sep = "&" if "?" in url else "?"
+    extra = [
+        f"{key}={value}"
+        for key, value in (
+            ("socket_timeout", timeout),
+            ("socket_connect_timeout", timeout),
+            ("health_check_interval", 30),
+        )
+        if f"{key}=" not in url
+    ]
+    return url + (sep + "&".join(extra) if extra else "")
+
+
+def add_queue_entries(queues) -> list[str]:
+    """Give each declared queue without an ``RQ_QUEUES`` entry one; returns the queues added.
+
+    The entry copies ``RQ_QUEUES["default"]`` (its server, timeout, serializer); the
+    environment variable ``REDIS_URL_<QUEUE>`` (upper-case) puts the queue on its own
+    server instead. An entry the project wrote itself is left as it is. The dict is
+    updated in place: django-rq reads the same object.
+    """
+    configured = getattr(settings, "RQ_QUEUES", None)
+    if configured is None:
+        configured = settings.RQ_QUEUES = {}
+    base = configured.get("default") or {"URL": settings.REDIS_URL}
+    added = []
+    for queue in queues:
+        if queue in configured:
+            continue
+        entry = dict(base)
+        own = os.environ.get(f"REDIS_URL_{queue.upper()}")
+        if own:
+            for key in ("HOST", "PORT", "DB", "PASSWORD", "UNIX_SOCKET_PATH"):
+                entry.pop(key, None)
+            entry["URL"] = with_timeouts(own, getattr(settings, "REDIS_SOCKET_TIMEOUT", 5.0))
+        configured[queue] = entry
+        added.append(queue)
+    return added
 
 
 def queue_url(queue: str) -> str:
@@ -42,10 +85,12 @@ def queue_connection(queue: str) -> redis.Redis:
 
 
 def domain_connection(domain: str) -> redis.Redis:
-    from dispatch_app.domains import REGISTRY
+    from dispatch_app.domains import UnknownDomain, get_domain
 
-    known = REGISTRY.get(domain)
-    return queue_connection(known.queue if known is not None else domain)
+    try:
+        return queue_connection(get_domain(domain).queue)
+    except UnknownDomain:
+        return queue_connection(domain)
 
 
 def by_server(queues) -> dict[str, list[str]]:

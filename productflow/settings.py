@@ -150,38 +150,32 @@ REDIS_URL = os.environ.get("REDIS_URL", "") or _embedded_url("redis")
 REDIS_SOCKET_TIMEOUT = float(os.environ.get("REDIS_SOCKET_TIMEOUT", "5"))
 
 
-def _with_timeouts(url: str) -> str:
-    """Every Redis call of ours is bounded: redis-py reads these from the URL."""
-    sep = "&" if "?" in url else "?"
-    extra = [
-        f"{key}={value}"
-        for key, value in (
-            ("socket_timeout", REDIS_SOCKET_TIMEOUT),
-            ("socket_connect_timeout", REDIS_SOCKET_TIMEOUT),
-            ("health_check_interval", 30),
-        )
-        if f"{key}=" not in url
-    ]
-    return url + (sep + "&".join(extra) if extra else "")
+from dispatch_app.redis_servers import with_timeouts  # noqa: E402 - plain functions, no app needed
 
+REDIS_URL = with_timeouts(REDIS_URL, REDIS_SOCKET_TIMEOUT)
 
-REDIS_URL = _with_timeouts(REDIS_URL)
+# The domains this project runs (dispatch_app.domains.registry): dotted paths to a module with a DOMAIN,
+# or to a Domain. Default: the five shipped ProductFlow domains.
+PRODUCTFLOW_DOMAINS = [
+    "dispatch_app.domains.workflow",
+    "dispatch_app.domains.image_series",
+    "dispatch_app.domains.delivery",
+    "dispatch_app.domains.partial_edit",
+    "dispatch_app.domains.agent",
+]
 
-from dispatch_app.domains import QUEUE_NAMES  # noqa: E402 - needs nothing from Django
-
-_QUEUE_CONFIG = {
-    "URL": REDIS_URL,
-    "DEFAULT_TIMEOUT": 600,
-    # JSON, never pickle: a job planted in Redis must not be able to run code.
-    "SERIALIZER": "rq.serializers.JSONSerializer",
+RQ_QUEUES = {
+    "default": {
+        "URL": REDIS_URL,
+        "DEFAULT_TIMEOUT": 600,
+        # JSON, never pickle: a job planted in Redis must not be able to run code.
+        "SERIALIZER": "rq.serializers.JSONSerializer",
+    },
 }
-RQ_QUEUES = {name: dict(_QUEUE_CONFIG) for name in ("default", *QUEUE_NAMES)}
-# One Redis per group of queues (RQ has no Redis Cluster support): REDIS_URL_<QUEUE> (the domain's queue name,
-# upper-case, e.g. REDIS_URL_DELIVERY) puts that queue on its own server; unset, it stays on REDIS_URL. The
-# dispatcher, recovery, runworkers and the dashboard all read the queue's connection from RQ_QUEUES.
-for _name in QUEUE_NAMES:
-    if os.environ.get(f"REDIS_URL_{_name.upper()}"):
-        RQ_QUEUES[_name]["URL"] = _with_timeouts(os.environ[f"REDIS_URL_{_name.upper()}"])
+# Every declared domain's queue gets an entry at start-up (dispatch_app.redis_servers.add_queue_entries): a copy
+# of "default", or its own server when REDIS_URL_<QUEUE> (the queue name upper-case, e.g. REDIS_URL_DELIVERY)
+# is set -- one Redis per group of queues (RQ has no Redis Cluster support). The dispatcher, recovery,
+# runworkers and the dashboard all read the queue's connection from RQ_QUEUES.
 # The dispatcher enqueues outside any transaction; "auto" keeps django-rq from
 # deferring an enqueue to on_commit behind our back.
 RQ = {"COMMIT_MODE": "auto"}

@@ -3,10 +3,10 @@
 import factory
 
 from dispatch_app.demo_payloads import demo_payload
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.models import DispatchEnvelope, Job
 
-PAYLOADS = {domain: demo_payload(domain, 1) for domain in DOMAIN_KEYS}
+PAYLOADS = {domain: demo_payload(domain, 1) for domain in domain_keys()}
 
 
 class JobFactory(factory.django.DjangoModelFactory):

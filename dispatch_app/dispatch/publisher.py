@@ -34,7 +34,7 @@ from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.dispatch.claim import Claimed
-from dispatch_app.domains import REGISTRY
+from dispatch_app.domains import all_domains, get_domain, is_registered
 
 # The guard: a script is not rolled back when a command in it fails, so a push
 # that would fail (the queue key is not a list) must fail before the hash is
@@ -105,7 +105,7 @@ class Publisher:
         """Every server a registered domain's queue lives on, the default one first."""
         if self._fixed:
             return ["default"]
-        return list(dict.fromkeys([settings.REDIS_URL, *(self.server(d.queue) for d in REGISTRY.values())]))
+        return list(dict.fromkeys([settings.REDIS_URL, *(self.server(d.queue) for d in all_domains())]))
 
     def connection_for(self, queue: str) -> redis.Redis:
         return self.connection if self._fixed else redis_servers.queue_connection(queue)
@@ -139,11 +139,11 @@ class Publisher:
 
     @staticmethod
     def check(envelope: Claimed) -> None:
-        if envelope.domain not in REGISTRY:
+        if not is_registered(envelope.domain):
             raise PermanentSendError(f"domain {envelope.domain!r} is not registered")
 
     def _job(self, queue: Queue, envelope: Claimed, job_id: str):
-        domain = REGISTRY[envelope.domain]
+        domain = get_domain(envelope.domain)
         job = queue.create_job(
             domain.task_path,
             args=[envelope.job_id, envelope.attempt],

@@ -19,12 +19,6 @@ def work(ctx) -> dict:
     return {"steps": len(steps)}
 
 
-def task(job_id: int, attempt: int):
-    from dispatch_app.worker import execute
-
-    return execute(DOMAIN.key, job_id, attempt)
-
-
 DOMAIN = Domain(
     key="agent",
     queue="agent",
@@ -32,7 +26,6 @@ DOMAIN = Domain(
         "goal": Field(str, max_length=4000),
         "max_steps": Field(int, required=False, minimum=1, maximum=50),
     },
-    task_path="dispatch_app.domains.agent.task",
     work=work,
     recovery=RecoveryPolicy(retry_safe=False, running_stale_seconds=3600, records_vendor_calls=True),
     description="agent runs with unverifiable tool side effects",

@@ -1,6 +1,7 @@
 """What a business domain is: a queue, a payload schema, a task and a recovery policy.
 
-Nothing here imports Django models, so settings can read the queue names.
+Nothing here imports Django: a project declares its domains in plain modules
+(``dispatch_app.domains.registry`` loads them).
 """
 
 from __future__ import annotations
@@ -77,20 +78,35 @@ class RecoveryPolicy:
     records_vendor_calls: bool = False
 
 
+# The dotted path RQ stores for a domain whose declaration names no task: the worker's entry point,
+# one attribute per domain key (dispatch_app.run.<key>), so RQ jobs keep their (job_id, attempt)
+# arguments and a domain module never imports the worker.
+DEFAULT_TASK_PREFIX = "dispatch_app.run."
+
+
 @dataclass(frozen=True)
 class Domain:
     key: str
     queue: str
-    schema: dict[str, Field]
-    # Dotted path RQ stores in the job (JSON-serialisable, no pickled callables).
-    task_path: str
-    work: Callable[[Any, Any], dict]
+    # Field name -> Field; None accepts any JSON object (a task checks its own arguments).
+    schema: dict[str, Field] | None = None
+    # The work the shipped worker entry point runs: work(ctx) -> JSON-serialisable result.
+    work: Callable[[Any], Any] | None = None
+    # Dotted path RQ stores in the job (JSON-serialisable, no pickled callables); called with
+    # (job_id, attempt). Empty: the shipped entry point, which runs ``work``.
+    task_path: str = ""
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     description: str = ""
+
+    def __post_init__(self):
+        if not self.task_path and isinstance(self.key, str):
+            object.__setattr__(self, "task_path", DEFAULT_TASK_PREFIX + self.key)
 
     def validate(self, payload: Any) -> dict:
         if not isinstance(payload, dict):
             raise PayloadError(f"{self.key}: payload must be a JSON object, got {type(payload).__name__}")
+        if self.schema is None:
+            return payload
         unknown = sorted(set(payload) - set(self.schema))
         if unknown:
             raise PayloadError(

@@ -7,12 +7,6 @@ def work(ctx) -> dict:
     return ctx.provider.deliver(ctx.payload["asset"], ctx.payload["target"])
 
 
-def task(job_id: int, attempt: int):
-    from dispatch_app.worker import execute
-
-    return execute(DOMAIN.key, job_id, attempt)
-
-
 DOMAIN = Domain(
     key="delivery",
     queue="delivery",
@@ -20,7 +14,6 @@ DOMAIN = Domain(
         "asset": Field(str, max_length=1000),
         "target": Field(str, max_length=1000),
     },
-    task_path="dispatch_app.domains.delivery.task",
     work=work,
     recovery=RecoveryPolicy(retry_safe=True, max_attempts=5, running_stale_seconds=300),
     description="image delivery to customer targets (idempotent at the target)",

@@ -21,12 +21,6 @@ def work(ctx) -> dict:
     return {"images": outputs}
 
 
-def task(job_id: int, attempt: int):
-    from dispatch_app.worker import execute
-
-    return execute(DOMAIN.key, job_id, attempt)
-
-
 DOMAIN = Domain(
     key="image_series",
     queue="image_series",
@@ -36,7 +30,6 @@ DOMAIN = Domain(
         "count": Field(int, required=False, minimum=1, maximum=8),
         "size": Field(int, required=False, minimum=8, maximum=1024),
     },
-    task_path="dispatch_app.domains.image_series.task",
     work=work,
     recovery=RecoveryPolicy(
         retry_safe=False, uses_vendor_request_id=True, running_stale_seconds=1800, records_vendor_calls=True

@@ -14,12 +14,6 @@ def work(ctx) -> dict:
     return {"image": made.get("image") or f"vendor request {made['request_id']}"}
 
 
-def task(job_id: int, attempt: int):
-    from dispatch_app.worker import execute
-
-    return execute(DOMAIN.key, job_id, attempt)
-
-
 DOMAIN = Domain(
     key="partial_edit",
     queue="partial_edit",
@@ -28,7 +22,6 @@ DOMAIN = Domain(
         "region": Field(list, item_kind=int, length=4),
         "instruction": Field(str, max_length=2000),
     },
-    task_path="dispatch_app.domains.partial_edit.task",
     work=work,
     recovery=RecoveryPolicy(retry_safe=False, uses_vendor_request_id=True, records_vendor_calls=True),
     description="region edits of an existing image through the image vendor",

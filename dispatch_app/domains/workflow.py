@@ -19,12 +19,6 @@ def work(ctx) -> dict:
     return {"steps": len(results)}
 
 
-def task(job_id: int, attempt: int):
-    from dispatch_app.worker import execute
-
-    return execute(DOMAIN.key, job_id, attempt)
-
-
 DOMAIN = Domain(
     key="workflow",
     queue="workflow",
@@ -32,7 +26,6 @@ DOMAIN = Domain(
         "workflow_id": Field(str, max_length=200),
         "steps": Field(list, item_kind=str, max_length=50),
     },
-    task_path="dispatch_app.domains.workflow.task",
     work=work,
     recovery=RecoveryPolicy(retry_safe=True, max_attempts=5),
     description="multi-step product workflows; steps are idempotent",

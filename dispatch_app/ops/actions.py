@@ -16,7 +16,7 @@ from django.db import connection, transaction
 
 from dispatch_app import outbox, vendor_calls
 from dispatch_app.conf import NOTIFY_CHANNEL
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
@@ -205,8 +205,8 @@ def cancel_job(job_id: int, *, user=None, reason: str = "") -> Outcome:
 
 
 def _check_domain(domain: str) -> None:
-    if domain not in DOMAIN_KEYS:
-        raise ValueError(f"unknown domain {domain!r}; valid domains: {', '.join(DOMAIN_KEYS)}")
+    if domain not in domain_keys():
+        raise ValueError(f"unknown domain {domain!r}; valid domains: {', '.join(domain_keys())}")
 
 
 def pause_domain(domain: str, *, user=None, reason: str = "") -> Outcome:
@@ -297,7 +297,7 @@ def retry_plan(job_ids) -> list[DomainRetryPlan]:
         calls_by_job.setdefault(call[0], []).append(call)
     for job_id, domain, status, request_id in jobs:
         if domain not in plans:
-            safe = resolve(domain, conf.RECOVERY).retry_safe if domain in DOMAIN_KEYS else False
+            safe = resolve(domain, conf.RECOVERY).retry_safe if domain in domain_keys() else False
             plans[domain] = DomainRetryPlan(domain, safe)
         plan = plans[domain]
         if status not in ("submitted", "queued", "running", *RETRYABLE_FINISHED):

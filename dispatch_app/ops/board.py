@@ -8,7 +8,7 @@ clock; stage times come from ``dispatch_app.stages`` (one definition).
 from __future__ import annotations
 
 from dispatch_app import stages
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.ops import actions, rqside, stats
 
 ATTEMPT = "dispatch_app_jobattempt"
@@ -43,7 +43,7 @@ def failures(cursor) -> dict[str, dict]:
         """,
         {"ended": list(ENDED), "windows": list(WINDOWS), "widest": max(WINDOWS)},
     )
-    out = {d: {f"{m}m": _fail_entry(0, 0, 0) for m in WINDOWS} for d in DOMAIN_KEYS}
+    out = {d: {f"{m}m": _fail_entry(0, 0, 0) for m in WINDOWS} for d in domain_keys()}
     for minutes, domain, ended, failed, unknown in cursor.fetchall():
         out.setdefault(domain, {f"{m}m": _fail_entry(0, 0, 0) for m in WINDOWS})[f"{minutes}m"] = _fail_entry(
             ended, failed, unknown
@@ -82,7 +82,7 @@ def activity(cursor, minutes: int = RATE_MINUTES) -> dict[str, dict]:
         """,
         {"m": minutes},
     )
-    out = {d: {"started_per_min": 0.0, "finished_per_min": 0.0} for d in DOMAIN_KEYS}
+    out = {d: {"started_per_min": 0.0, "finished_per_min": 0.0} for d in domain_keys()}
     for domain, started, finished in cursor.fetchall():
         out[domain] = {"started_per_min": round(started / minutes, 2), "finished_per_min": round(finished / minutes, 2)}
     return out
@@ -107,7 +107,7 @@ def charts(cursor, minutes: int = CHART_MINUTES) -> dict[str, list[dict]]:
     )
     finished = {(d, ago): (n, bad) for d, ago, n, bad in cursor.fetchall()}
     out = {}
-    for domain in DOMAIN_KEYS:
+    for domain in domain_keys():
         series = []
         for ago in range(minutes - 1, -1, -1):
             n, outbox, rq = dispatched.get((domain, ago), (0, None, None))

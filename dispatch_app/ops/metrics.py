@@ -15,7 +15,7 @@ from django.db import connection
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import stats
 
@@ -133,7 +133,7 @@ class DatabaseCollector:
     def __init__(self):
         self._lock = threading.Lock()
         self._round_watermark = self._max_round_id()
-        self._decisions = {(d, k): 0 for d in DOMAIN_KEYS for k in stats.DECISION_KINDS}
+        self._decisions = {(d, k): 0 for d in domain_keys() for k in stats.DECISION_KINDS}
 
     @staticmethod
     def _max_round_id() -> int:
@@ -190,7 +190,7 @@ class DatabaseCollector:
             "productflow_envelopes", "Envelopes now pending or dead, by domain.", labels=["domain", "status"]
         )
         # A domain no longer registered still shows while it has rows (its dead envelopes above all).
-        for domain in [*DOMAIN_KEYS, *sorted((set(envelopes) | set(jobs)) - set(DOMAIN_KEYS))]:
+        for domain in [*domain_keys(), *sorted((set(envelopes) | set(jobs)) - set(domain_keys()))]:
             env = envelopes.get(domain, {})
             job = jobs.get(domain, {})
             pending_age.add_metric([domain], env.get("oldest_pending_age") or 0.0)
@@ -247,7 +247,7 @@ class OperatorCollector:
         self.lag = lag_seconds
         self._lock = threading.Lock()
         self._since = None  # database time up to which ended attempts are counted
-        self._outcomes = {(d, o): 0 for d in DOMAIN_KEYS for o in JOB_OUTCOMES}
+        self._outcomes = {(d, o): 0 for d in domain_keys() for o in JOB_OUTCOMES}
         self._buckets: dict[str, list[int]] = {}  # domain -> count per bucket (+Inf last), not cumulative
         self._sums: dict[str, float] = {}
         try:
@@ -324,7 +324,7 @@ class OperatorCollector:
             "RQ-queue wait of each attempt (dispatched -> started, dispatch_app.stages), observed when it ends.",
             labels=["domain"],
         )
-        for domain in sorted({*DOMAIN_KEYS, *self._buckets}):
+        for domain in sorted({*domain_keys(), *self._buckets}):
             counts = self._buckets.get(domain, [0] * (len(RQ_WAIT_BUCKETS) + 1))
             cumulative, running = [], 0
             for bound, count in zip((*RQ_WAIT_BUCKETS, float("inf")), counts, strict=True):
@@ -334,7 +334,7 @@ class OperatorCollector:
         pause = GaugeMetricFamily(
             "productflow_domain_paused", "1 while an operator has paused dispatch of the domain.", labels=["domain"]
         )
-        for domain in DOMAIN_KEYS:
+        for domain in domain_keys():
             pause.add_metric([domain], 1 if domain in paused else 0)
         families += [outcomes, waits, pause]
         up = GaugeMetricFamily("productflow_rq_up", "1 if the last scrape could read the RQ side from Redis.")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from django.db import connection
 
 from dispatch_app import stages
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
@@ -165,7 +165,7 @@ def latency_summary(cursor, windows=WINDOWS_MINUTES, domains=()) -> dict[str, di
     for minutes, domain, stage, count, values in stages.percentiles(cursor, windows, PERCENTILES):
         window = out.setdefault(domain or "all", {}).setdefault(f"{minutes}m", {})
         window[LATENCY_KEYS[stage]] = pcts(count, values)
-    for domain in ("all", *DOMAIN_KEYS, *domains, *out):
+    for domain in ("all", *domain_keys(), *domains, *out):
         for minutes in windows:
             window = out.setdefault(domain, {}).setdefault(f"{minutes}m", {})
             for key in LATENCY_KEYS.values():
@@ -253,7 +253,7 @@ def snapshot(*, stale_seconds: float | None = None, rounds: int = 5, chart_minut
         jobs = job_summary(cursor)
         envelopes = envelope_summary(cursor)
         # Registered domains first, then any other domain that still has rows (no longer registered).
-        known = [*DOMAIN_KEYS, *sorted((set(jobs) | set(envelopes)) - set(DOMAIN_KEYS))]
+        known = [*domain_keys(), *sorted((set(jobs) | set(envelopes)) - set(domain_keys()))]
         recovery = recovery_summary(cursor, known, rounds=rounds)
         latency = latency_summary(cursor, domains=known)
         chart = throughput(cursor, chart_minutes)
@@ -269,7 +269,7 @@ def snapshot(*, stale_seconds: float | None = None, rounds: int = 5, chart_minut
             "envelopes": envelopes.get(domain, dict(no_envelopes)),
             "recovery": recovery[domain],
             "latency": latency[domain],
-            "registered": domain in DOMAIN_KEYS,
+            "registered": domain in domain_keys(),
         }
     ages = [d["envelopes"]["oldest_pending_age"] for d in domains.values()]
     ages = [a for a in ages if a is not None]

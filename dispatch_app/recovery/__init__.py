@@ -5,5 +5,5 @@ One module per role: ``policy`` (per-domain settings), ``discovery`` (the SQL),
 pure function), ``round`` (one round, recorded) and ``loop`` (the per-domain
 loop the supervisor runs on its own thread).
 
-Nothing here is imported by ``dispatch_app.conf`` except ``policy``, lazily.
+``dispatch_app.conf`` imports ``policy`` (which imports neither conf nor the rest).
 """

@@ -7,7 +7,7 @@ override any field per domain::
 
 A bad value is an ``ImproperlyConfigured`` naming the domain and the key, raised
 by ``dispatch_app.conf.validate`` (so at start-up, by the system check and by
-every command). This module imports no models: ``conf`` calls it.
+every command). This module imports no models and not ``conf`` (which imports it).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app.conf import coerce_number
-from dispatch_app.domains import DOMAIN_KEYS, REGISTRY
+from dispatch_app.domains import domain_keys, get_domain, is_registered
 from dispatch_app.domains.base import RecoveryPolicy
+from dispatch_app.values import coerce_number
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,11 @@ def validate_overrides(raw: Any) -> dict[str, dict[str, Any]]:
         raise ImproperlyConfigured(f"DISPATCH['RECOVERY'] must be a dict of domain -> overrides, got {raw!r}")
     clean: dict[str, dict[str, Any]] = {}
     for domain, overrides in raw.items():
-        if domain not in REGISTRY:
+        if not is_registered(domain):
+            keys = domain_keys()
             raise ImproperlyConfigured(
-                f"DISPATCH['RECOVERY'][{domain!r}] is not a domain{_hint(domain, DOMAIN_KEYS)}"
-                f" (valid domains: {', '.join(DOMAIN_KEYS)})"
+                f"DISPATCH['RECOVERY'][{domain!r}] is not a domain{_hint(domain, keys)}"
+                f" (valid domains: {', '.join(keys)})"
             )
         if not isinstance(overrides, dict):
             raise ImproperlyConfigured(
@@ -127,14 +128,14 @@ def validate_overrides(raw: Any) -> dict[str, dict[str, Any]]:
 
 def resolve(domain: str, recovery_settings: dict | None = None) -> EffectivePolicy:
     """The effective policy of one domain (``recovery_settings`` is ``conf.RECOVERY``)."""
-    base = REGISTRY[domain].recovery
+    base = get_domain(domain).recovery
     overrides = validate_overrides(recovery_settings or {}).get(domain, {})
     policy = EffectivePolicy(**{f: getattr(base, f) for f in base.__dataclass_fields__}, domain=domain)
     return replace(policy, **{KEYS[key].field: value for key, value in overrides.items()})
 
 
 def resolve_all(recovery_settings: dict | None = None) -> dict[str, EffectivePolicy]:
-    return {domain: resolve(domain, recovery_settings) for domain in DOMAIN_KEYS}
+    return {domain: resolve(domain, recovery_settings) for domain in domain_keys()}
 
 
 def describe(policy: EffectivePolicy) -> dict[str, Any]:

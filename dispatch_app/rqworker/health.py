@@ -122,12 +122,12 @@ def snapshot(connection: redis.Redis | None = None) -> dict:
     down is reported while the others' workers are still listed.
     """
     from dispatch_app import redis_servers
-    from dispatch_app.domains import QUEUE_NAMES
+    from dispatch_app.domains import queue_names
 
     if connection is not None:
         targets = [("", connection)]
     else:
-        targets = [(url, redis_servers.connection(url)) for url in redis_servers.by_server(QUEUE_NAMES)]
+        targets = [(url, redis_servers.connection(url)) for url in redis_servers.by_server(queue_names())]
     found, errors = [], []
     for url, conn in targets:
         try:

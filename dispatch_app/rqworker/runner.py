@@ -22,7 +22,7 @@ from rq.worker_pool import WorkerPool
 
 from dispatch_app import redis_servers
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.domains import QUEUE_NAMES
+from dispatch_app.domains import queue_names
 from dispatch_app.rqworker.worker import PipelineWorker
 
 log = logging.getLogger("dispatch_app.rqworker")
@@ -42,15 +42,15 @@ class Plan:
 
 
 def parse_queues(text: str | None) -> tuple[str, ...]:
-    """``a,b`` -> ("a", "b"); every name must be a domain queue (dispatch_app.domains.QUEUE_NAMES)."""
+    """``a,b`` -> ("a", "b"); every name must be a domain queue (dispatch_app.domains.queue_names())."""
     if text is None:
-        return QUEUE_NAMES
+        return queue_names()
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names:
-        raise BadQueues(f"--queues is empty; valid queues: {', '.join(QUEUE_NAMES)}")
-    unknown = [n for n in names if n not in QUEUE_NAMES]
+        raise BadQueues(f"--queues is empty; valid queues: {', '.join(queue_names())}")
+    unknown = [n for n in names if n not in queue_names()]
     if unknown:
-        raise BadQueues(f"unknown queue(s) {', '.join(unknown)}; valid queues: {', '.join(QUEUE_NAMES)}")
+        raise BadQueues(f"unknown queue(s) {', '.join(unknown)}; valid queues: {', '.join(queue_names())}")
     return names
 
 

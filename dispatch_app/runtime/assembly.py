@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dispatch_app.conf import DispatchSettings
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.ops.wiring import Ops
 from dispatch_app.runtime.supervisor import Supervisor
 
@@ -14,7 +14,7 @@ DEFAULT_NICE = 10
 def build(conf: DispatchSettings, options: dict) -> Supervisor:
     if options.get("no_dispatch") and options.get("no_recovery"):
         raise ValueError("--no-dispatch with --no-recovery leaves nothing to run")
-    domains = options.get("domains") or list(DOMAIN_KEYS)
+    domains = options.get("domains") or list(domain_keys())
     # Operations (dispatch_app.ops): metrics observer, heartbeat, retention, --metrics-port.
     ops = Ops(conf, options)
     supervisor = Supervisor(

@@ -73,10 +73,10 @@ def child_env(conf: DispatchSettings) -> dict[str, str]:
     env["DATABASE_URL"] = child_database_url(settings.DATABASE_URL, connection.settings_dict["NAME"])
     env["REDIS_URL"] = settings.REDIS_URL
     # A domain on its own Redis (RQ_QUEUES) reads its evidence there in the child too.
-    from dispatch_app.domains import QUEUE_NAMES
+    from dispatch_app.domains import queue_names
     from dispatch_app.redis_servers import queue_url
 
-    for queue in QUEUE_NAMES:
+    for queue in queue_names():
         env.pop(f"REDIS_URL_{queue.upper()}", None)
         if queue_url(queue) != settings.REDIS_URL:
             env[f"REDIS_URL_{queue.upper()}"] = queue_url(queue)

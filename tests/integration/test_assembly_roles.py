@@ -4,7 +4,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.runtime import assembly
 
 pytestmark = pytest.mark.django_db
@@ -17,7 +17,7 @@ def _names(**options) -> list[str]:
 def test_by_default_a_process_runs_listener_dispatch_and_every_recovery_loop():
     names = _names()
     assert {"listener", "dispatch"} <= set(names)
-    assert {f"recovery-{d}" for d in DOMAIN_KEYS} <= set(names)
+    assert {f"recovery-{d}" for d in domain_keys()} <= set(names)
 
 
 def test_a_recovery_only_process_runs_no_listener_and_no_dispatch_loop():

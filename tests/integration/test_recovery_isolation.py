@@ -16,7 +16,7 @@ import pytest
 
 from dispatch_app import submit
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.models import Job
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.round import RoundSignals
@@ -80,7 +80,7 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
             with lock:
                 rounds_after_hold[result.domain] += 1
 
-    for domain in DOMAIN_KEYS:
+    for domain in domain_keys():
         signals = RoundSignals(after_discovery=hold if domain == HELD else None, finished=count)
         loop = RecoveryLoop(policy(domain, PERIOD_SECONDS=0.02), supervisor.stop, signals=signals, redis=redis_conn)
         supervisor.add_loop(loop, domain=domain)
@@ -105,7 +105,7 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
         wait_until(lambda: Job.objects.get(pk=second.pk).status == "queued", SAFETY, message="tick-woken dispatch")
         assert observer.dispatched_by(TICK) == 1
 
-        others = [d for d in DOMAIN_KEYS if d != HELD]
+        others = [d for d in domain_keys() if d != HELD]
         wait_until(lambda: all(rounds_after_hold[d] >= 2 for d in others), SAFETY, message="other domains' rounds")
         assert rounds_after_hold[HELD] == 0
 

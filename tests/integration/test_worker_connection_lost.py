@@ -29,11 +29,8 @@ def test_a_terminated_session_mid_work_becomes_the_next_attempt_not_a_failure(mo
     settings.DISPATCH = {"SEND_BACKOFF_BASE": 0}
     job = submit("workflow", PAYLOADS["workflow"])
     domain = domains.get_domain("workflow")
-    monkeypatch.setitem(
-        domains.REGISTRY, "workflow", dataclasses.replace(domain, work=_terminate_my_session_then_query)
-    )
-
-    assert execute("workflow", job.pk, 1) == {"retrying": True}
+    with domains.registry.replaced(dataclasses.replace(domain, work=_terminate_my_session_then_query)):
+        assert execute("workflow", job.pk, 1) == {"retrying": True}
 
     job.refresh_from_db()
     assert (job.status, job.attempt) == (JobStatus.SUBMITTED, 2)

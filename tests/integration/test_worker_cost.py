@@ -67,10 +67,9 @@ def test_a_crash_is_recorded_as_class_message_blank_line_traceback(monkeypatch):
     def crash(ctx):
         raise Boom("the disk is full")
 
-    monkeypatch.setitem(domains.REGISTRY, "delivery", dataclasses.replace(domains.REGISTRY["delivery"], work=crash))
     job = submit("delivery", PAYLOADS["delivery"])
-
-    assert execute("delivery", job.pk, 1) == {"failed": "the disk is full"}
+    with domains.registry.replaced(dataclasses.replace(domains.get_domain("delivery"), work=crash)):
+        assert execute("delivery", job.pk, 1) == {"failed": "the disk is full"}
 
     job.refresh_from_db()
     head, blank, trace = job.error.split("\n", 2)

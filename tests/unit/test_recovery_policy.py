@@ -8,15 +8,15 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from dispatch_app.conf import dispatch_settings, validate
-from dispatch_app.domains import DOMAIN_KEYS, REGISTRY
+from dispatch_app.domains import domain_keys, get_domain
 from dispatch_app.recovery.policy import KEYS, resolve, resolve_all
 
 
 def test_every_domain_has_a_policy_with_the_documented_defaults():
     policies = resolve_all()
-    assert set(policies) == set(DOMAIN_KEYS)
+    assert set(policies) == set(domain_keys())
     for key, policy in policies.items():
-        base = REGISTRY[key].recovery
+        base = get_domain(key).recovery
         assert policy.domain == key
         assert policy.batch_size == base.batch_size == 25
         assert policy.redispatch_cap == 25

@@ -1,4 +1,7 @@
-"""REDIS_URL_<QUEUE> puts a domain's queue on its own Redis (with the same bounded timeouts); unset, REDIS_URL."""
+"""REDIS_URL_<QUEUE> puts a domain's queue on its own Redis (with the same bounded timeouts); unset, REDIS_URL.
+
+Each declared domain's queue gets its RQ_QUEUES entry when the app is ready (dispatch_app.redis_servers).
+"""
 
 import json
 import os
@@ -9,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 SHOW = (
-    "import json; from productflow import settings as s; "
+    "import json, os, django; os.environ['DJANGO_SETTINGS_MODULE'] = 'productflow.settings'; django.setup(); "
+    "from django.conf import settings as s; "
     "print(json.dumps({'base': s.REDIS_URL, 'queues': {k: v['URL'] for k, v in s.RQ_QUEUES.items()}}))"
 )
 
@@ -25,6 +29,7 @@ def _settings(**env) -> dict:
 
 def test_every_queue_stays_on_redis_url_by_default():
     shown = _settings()
+    assert set(shown["queues"]) == {"default", "workflow", "image_series", "delivery", "partial_edit", "agent"}
     assert set(shown["queues"].values()) == {shown["base"]}
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dispatch_app.domains import QUEUE_NAMES
+from dispatch_app.domains import queue_names
 from dispatch_app.rqworker.health import FAILING_STREAK, failing
 from dispatch_app.rqworker.runner import BadQueues, parse_queues
 
@@ -31,7 +31,7 @@ def test_workers_of_other_classes_are_judged_by_their_counters():
 
 
 def test_queues_default_to_every_domain_queue_and_narrow_in_the_given_order():
-    assert parse_queues(None) == QUEUE_NAMES
+    assert parse_queues(None) == queue_names()
     assert parse_queues("delivery, workflow,delivery") == ("delivery", "workflow")
 
 
@@ -41,4 +41,4 @@ def test_queues_default_to_every_domain_queue_and_narrow_in_the_given_order():
 def test_bad_queues_name_what_is_wrong(text, message):
     with pytest.raises(BadQueues, match=message) as caught:
         parse_queues(text)
-    assert "valid queues: " + ", ".join(QUEUE_NAMES) in str(caught.value)
+    assert "valid queues: " + ", ".join(queue_names()) in str(caught.value)

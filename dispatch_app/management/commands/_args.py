@@ -36,13 +36,13 @@ def port_number(text: str) -> int:
 
 
 def domain_list(text: str) -> list[str]:
-    from dispatch_app.domains import DOMAIN_KEYS
+    from dispatch_app.domains import domain_keys
 
     chosen = [d.strip() for d in text.split(",") if d.strip()]
-    unknown = [d for d in chosen if d not in DOMAIN_KEYS]
+    unknown = [d for d in chosen if d not in domain_keys()]
     if not chosen or unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown domain(s) {', '.join(unknown) or repr(text)}; valid domains: {', '.join(DOMAIN_KEYS)}"
+            f"unknown domain(s) {', '.join(unknown) or repr(text)}; valid domains: {', '.join(domain_keys())}"
         )
     return chosen
 

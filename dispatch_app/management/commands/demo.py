@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.latency import format_table, stage_latencies
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 from dispatch_app.management.commands.loadgen import generate, progress_bar
@@ -57,7 +57,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=positive_float, default=300.0, help="give up after this many seconds")
 
     def handle(self, *args, **options):
-        domains = options["domains"] or list(DOMAIN_KEYS)
+        domains = options["domains"] or list(domain_keys())
         log_dir = Path(settings.BASE_DIR) / "var" / "demo"
         log_dir.mkdir(parents=True, exist_ok=True)
         workers = options["workers"] or os.cpu_count() or 1

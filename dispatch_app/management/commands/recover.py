@@ -17,15 +17,15 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.domains import DOMAIN_KEYS
+from dispatch_app.domains import domain_keys
 from dispatch_app.management.commands._args import SettingsErrorExit2
 
 EXIT_BUSY = 3
 
 
 def domain_name(text: str) -> str:
-    if text not in DOMAIN_KEYS:
-        raise argparse.ArgumentTypeError(f"unknown domain {text!r}; valid domains: {', '.join(DOMAIN_KEYS)}")
+    if text not in domain_keys():
+        raise argparse.ArgumentTypeError(f"unknown domain {text!r}; valid domains: {', '.join(domain_keys())}")
     return text
 
 
@@ -40,7 +40,7 @@ class Command(SettingsErrorExit2, BaseCommand):
             type=domain_name,
             dest="domains",
             metavar="D",
-            help=f"a domain to recover (repeatable; default all: {', '.join(DOMAIN_KEYS)})",
+            help=f"a domain to recover (repeatable; default all: {', '.join(domain_keys())})",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="print each candidate and the decision it would take; change nothing"
@@ -52,7 +52,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         from dispatch_app.recovery.round import Round
 
         conf = dispatch_settings()
-        domains = list(dict.fromkeys(options["domains"] or DOMAIN_KEYS))
+        domains = list(dict.fromkeys(options["domains"] or domain_keys()))
         policies = [resolve(domain, conf.RECOVERY) for domain in domains]
         dry_run = options["dry_run"]
 

@@ -134,13 +134,13 @@ class Command(SettingsErrorExit2, BaseCommand):
             raise CommandError(f"loops still running at the deadline: {', '.join(hung)}", returncode=EXIT_HUNG)
 
     def _recovery_child(self, conf, options) -> None:
-        from dispatch_app.domains import DOMAIN_KEYS
+        from dispatch_app.domains import domain_keys
         from dispatch_app.runtime import assembly, recovery_child
 
         nice = options.get("recovery_nice")
         hung = recovery_child.run(
             conf,
-            options.get("domains") or list(DOMAIN_KEYS),
+            options.get("domains") or list(domain_keys()),
             report_fd=options.get("report_fd"),
             nice=assembly.DEFAULT_NICE if nice is None else nice,
             out=self.stdout,

@@ -54,7 +54,7 @@ _ledger = os.environ.get("PF_FAULTS_LEDGER")
 if _ledger:
     import dataclasses
 
-    from dispatch_app import domains as _domains
+    from dispatch_app.domains import registry as _registry
 
     def _recording(domain_key, work):
         def recorded(ctx):
@@ -66,7 +66,17 @@ if _ledger:
                 os.close(fd)
             return work(ctx)
 
+        recorded.recording = True
         return recorded
 
-    for _key, _domain in list(_domains.REGISTRY.items()):
-        _domains.REGISTRY[_key] = dataclasses.replace(_domain, work=_recording(_key, _domain.work))
+    _load = _registry._load
+
+    def _load_recording():
+        # Wrapped as the registry loads (settings are not configured yet when this file runs).
+        loaded = _load()
+        for _key, _domain in list(loaded.items()):
+            if callable(_domain.work) and not getattr(_domain.work, "recording", False):
+                loaded[_key] = dataclasses.replace(_domain, work=_recording(_key, _domain.work))
+        return loaded
+
+    _registry._load = _load_recording

@@ -1,0 +1,211 @@
+"""The registry of domains: what a project declares, loaded once, read everywhere.
+
+A domain is declared in a plain module (a ``Domain`` named ``DOMAIN``, or any
+``Domain`` object) listed by dotted path in the setting ``PRODUCTFLOW_DOMAINS``
+(default: the five shipped ProductFlow domains, declared exactly like a
+project's own). ``dispatch_app.tasks.declare.task_domains()`` adds the domains of
+the ``django.tasks`` queues. ``register()`` adds one from code.
+
+Loading is lazy (the first read), idempotent and thread-safe; a change of
+``PRODUCTFLOW_DOMAINS`` (``override_settings`` in tests) reloads it. Nothing
+here imports Django models or the worker, so any module may read it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from dispatch_app.domains.base import DEFAULT_TASK_PREFIX, Domain, Field, RecoveryPolicy
+
+DEFAULT_DOMAINS: tuple[str, ...] = (
+    "dispatch_app.domains.workflow",
+    "dispatch_app.domains.image_series",
+    "dispatch_app.domains.delivery",
+    "dispatch_app.domains.partial_edit",
+    "dispatch_app.domains.agent",
+)
+# Keys land in varchar(32) columns and metric labels; queue names in Redis keys, RQ_QUEUES and the
+# REDIS_URL_<QUEUE> environment variable, hence the same conservative alphabet for both.
+KEY_MAX = 32
+QUEUE_MAX = 64
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+
+
+class UnknownDomain(LookupError):
+    def __init__(self, key: str):
+        super().__init__(f"unknown domain {key!r}; valid domains: {', '.join(domain_keys())}")
+        self.key = key
+
+
+class DomainError(ImproperlyConfigured):
+    """A declaration that cannot be registered; the message names the domain and what is wrong."""
+
+
+_lock = threading.RLock()
+_from_code: dict[str, Domain] = {}  # register() calls; they survive a reload
+_domains: dict[str, Domain] | None = None  # everything, once loaded
+_loading = False
+
+
+def _check(domain: object, source: str) -> Domain:
+    if not isinstance(domain, Domain):
+        raise DomainError(f"{source}: expected a dispatch_app.domains.Domain, got {type(domain).__name__}")
+    where = f"domain {domain.key!r} ({source})"
+    for what, value, limit in (("key", domain.key, KEY_MAX), ("queue", domain.queue, QUEUE_MAX)):
+        if not isinstance(value, str) or not _NAME.match(value):
+            raise DomainError(
+                f"{where}: {what} {value!r} must be lower-case letters, digits and _ starting with a letter"
+            )
+        if len(value) > limit:
+            raise DomainError(f"{where}: {what} {value!r} is longer than {limit} characters")
+    if not _DOTTED.match(domain.task_path or ""):
+        raise DomainError(f"{where}: task_path {domain.task_path!r} is not a dotted path to a callable")
+    if domain.task_path.startswith(DEFAULT_TASK_PREFIX) and not callable(domain.work):
+        raise DomainError(f"{where}: needs work(ctx) (run by the shipped worker) or a task_path of its own")
+    if domain.schema is not None and (
+        not isinstance(domain.schema, dict) or not all(isinstance(f, Field) for f in domain.schema.values())
+    ):
+        raise DomainError(f"{where}: schema must be a dict of field name -> Field (or None)")
+    if not isinstance(domain.recovery, RecoveryPolicy):
+        raise DomainError(f"{where}: recovery must be a RecoveryPolicy, got {type(domain.recovery).__name__}")
+    return domain
+
+
+def _add(into: dict[str, Domain], domain: Domain, others: dict[str, Domain], source: str) -> Domain:
+    _check(domain, source)
+    known = into.get(domain.key) or others.get(domain.key)
+    if known is not None:
+        if known == domain:
+            return known  # the same declaration reached twice (a module listed and registering itself)
+        raise DomainError(
+            f"domain {domain.key!r} ({source}) is already registered with a different definition "
+            f"(queue {known.queue!r}, task {known.task_path!r}); each key is declared once"
+        )
+    into[domain.key] = domain
+    return domain
+
+
+def register(domain: Domain) -> Domain:
+    """Add a domain from code (e.g. an AppConfig.ready()); the same declaration twice is a no-op."""
+    with _lock:
+        others = _domains if _domains is not None else {}
+        registered = _add(_from_code, domain, others, "register()")
+        if _domains is not None:
+            _domains.setdefault(registered.key, registered)
+        return registered
+
+
+def _resolve(path: object) -> list[Domain]:
+    if not isinstance(path, str) or not _DOTTED.match(path):
+        raise DomainError(f"PRODUCTFLOW_DOMAINS: {path!r} is not a dotted path to a module or a Domain")
+    try:
+        return [importlib.import_module(path).DOMAIN]
+    except ModuleNotFoundError as exc:
+        if exc.name != path:
+            raise  # the module exists but imports something missing: show that error, not ours
+    except AttributeError:
+        raise DomainError(f"PRODUCTFLOW_DOMAINS: module {path!r} has no DOMAIN") from None
+    module_path, _, name = path.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_path), name)
+    except (ImportError, AttributeError):
+        raise DomainError(f"PRODUCTFLOW_DOMAINS: cannot import {path!r} (neither a module nor a Domain)") from None
+    return [obj]
+
+
+def _task_domains() -> list[Domain]:
+    """The django.tasks queues' domains (dispatch_app.tasks, when installed)."""
+    try:
+        from dispatch_app.tasks.declare import task_domains
+    except ImportError as exc:
+        if exc.name in ("dispatch_app.tasks", "dispatch_app.tasks.declare"):
+            return []  # the tasks package is not there (or declares nothing yet)
+        raise
+    return list(task_domains())
+
+
+def _load() -> dict[str, Domain]:
+    global _domains, _loading
+    with _lock:
+        if _domains is not None:
+            return _domains
+        if _loading:
+            raise ImproperlyConfigured("the domain registry was read while it loads (a domain module reads it)")
+        _loading = True
+        try:
+            paths = getattr(settings, "PRODUCTFLOW_DOMAINS", DEFAULT_DOMAINS)
+            if isinstance(paths, str) or not isinstance(paths, (list, tuple)):
+                raise DomainError(f"PRODUCTFLOW_DOMAINS must be a list of dotted paths, got {paths!r}")
+            loaded: dict[str, Domain] = {}
+            for path in paths:
+                for domain in _resolve(path):
+                    _add(loaded, domain, {}, f"PRODUCTFLOW_DOMAINS {path!r}")
+            for domain in _task_domains():
+                _add(loaded, domain, {}, "dispatch_app.tasks.declare.task_domains()")
+            for domain in _from_code.values():
+                _add(loaded, domain, {}, "register()")
+            _domains = loaded
+        finally:
+            _loading = False
+        _ensure_rq_queues(tuple(dict.fromkeys(d.queue for d in loaded.values())))
+        return _domains
+
+
+def _ensure_rq_queues(queues: tuple[str, ...]) -> None:
+    from dispatch_app import redis_servers
+
+    redis_servers.add_queue_entries(queues)
+
+
+def reset() -> None:
+    """Forget what was loaded (settings changed); the next read loads again."""
+    global _domains
+    with _lock:
+        _domains = None
+
+
+@contextmanager
+def replaced(domain: Domain) -> Iterator[Domain]:
+    """Tests: swap one registered domain's definition (same key) for the block."""
+    with _lock:
+        domains = _load()
+        before = domains[domain.key]
+        domains[domain.key] = _check(domain, "replaced()")
+    try:
+        yield domain
+    finally:
+        with _lock:
+            if _domains is domains:
+                domains[domain.key] = before
+
+
+def get_domain(key: str) -> Domain:
+    try:
+        return _load()[key]
+    except (KeyError, TypeError):
+        raise UnknownDomain(key) from None
+
+
+def all_domains() -> tuple[Domain, ...]:
+    return tuple(_load().values())
+
+
+def domain_keys() -> tuple[str, ...]:
+    return tuple(_load())
+
+
+def queue_names() -> tuple[str, ...]:
+    """Every declared queue once, in declaration order."""
+    return tuple(dict.fromkeys(d.queue for d in _load().values()))
+
+
+def is_registered(key: str) -> bool:
+    return key in _load()

@@ -1,0 +1,28 @@
+"""What RQ imports to run a job: ``dispatch_app.run.<domain key>(job_id, attempt)``.
+
+The default ``Domain.task_path``. One attribute per declared domain, made on
+first use, so an RQ job keeps its (job_id, attempt) arguments, the domain's key
+is visible in RQ's own pages, and a domain module never imports the worker
+(rq.utils.import_attribute resolves the path to this module's ``__getattr__``).
+"""
+
+from __future__ import annotations
+
+from dispatch_app.worker import execute
+
+_entries: dict = {}
+
+
+def __getattr__(key: str):
+    if key.startswith("__"):
+        raise AttributeError(key)
+    entry = _entries.get(key)
+    if entry is None:
+
+        def entry(job_id: int, attempt: int) -> dict:
+            return execute(key, job_id, attempt)
+
+        entry.__name__ = entry.__qualname__ = key
+        entry.__module__ = __name__
+        _entries[key] = entry
+    return entry
