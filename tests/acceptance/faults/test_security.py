@@ -49,7 +49,7 @@ def plant_pickle_job(conn, queue_name: str, job_id: str, marker: Path) -> None:
     from rq.job import Job as RQJob
 
     job = RQJob.create(
-        "dispatch_app.domains.delivery.task", args=(_Plant(str(marker)), 1), connection=conn, id=job_id
+        "dispatch_app.run.delivery", args=(_Plant(str(marker)), 1), connection=conn, id=job_id
     )  # the default serializer: pickle
     job.save()
     Queue(queue_name, connection=conn).push_job_id(job.id)

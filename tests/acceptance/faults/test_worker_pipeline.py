@@ -157,7 +157,7 @@ def test_a_redis_outage_does_not_end_the_worker(private_redis_stack, private_red
 
 def plant_pickled_job(conn, job_id: str) -> None:
     """A job enqueued with RQ's default serializer (pickle): our JSON worker cannot read it."""
-    job = RQJob.create("dispatch_app.domains.delivery.task", args=(1, 1), connection=conn, id=job_id, origin="delivery")
+    job = RQJob.create("dispatch_app.run.delivery", args=(1, 1), connection=conn, id=job_id, origin="delivery")
     job.save()
     Queue("delivery", connection=conn).push_job_id(job.id)
 
