@@ -11,7 +11,8 @@ envelopes in flight are given back without counting the attempt.
 There is one breaker per Redis server (each domain's queue lives on the server
 its ``RQ_QUEUES`` entry names): a batch's envelopes are grouped by server, one
 server's outage gives back only its own envelopes (uncounted, until its probe)
-and the domains on the other servers keep dispatching.
+and the domains on the other servers keep dispatching (the grouping and the
+sorting of the sends' outcomes: ``dispatch.sends``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -28,17 +28,15 @@ from django.db import connection
 from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings, check_lease
 from dispatch_app.dispatch import claim, outage
-from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker, outage_reason
-from dispatch_app.dispatch.claim import Claimed
+from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
 from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
+from dispatch_app.dispatch.sends import MIN_PROBE_BACKOFF, BatchRecord, Halt, chunks, sort_outcomes
 from dispatch_app.runtime.wake import TICK, Wake
 
 log = logging.getLogger("dispatch_app.dispatch")
 
-# The first pause probes after this long even when SEND_BACKOFF_BASE is 0 (no busy probing).
-MIN_PROBE_BACKOFF = 0.1
 # Bounds the memory of given-back envelope ids (beyond it, a long outage's backlog may count as missed wake-ups).
 MAX_REMEMBERED_GIVE_BACKS = 100_000
 
@@ -91,59 +89,6 @@ class DrainResult:
         self.outage = self.outage or other.outage
         self.batch_sizes.extend(other.batch_sizes)
         self.latencies.extend(other.latencies)
-
-
-@dataclass
-class _BatchRecord:
-    """What the sends of one batch did, waiting to be written."""
-
-    token: uuid.UUID
-    sent_ids: list[int] = field(default_factory=list)
-    skipped_ids: list[int] = field(default_factory=list)
-    failures: dict[str, list[int]] = field(default_factory=dict)
-    permanent: list[tuple[Claimed, str]] = field(default_factory=list)
-    # Per server: envelopes given back uncounted because that server refused (or is paused), why, and for how long.
-    outage_ids: dict[str, list[int]] = field(default_factory=dict)
-    outage_error: dict[str, str] = field(default_factory=dict)
-    outage_reason: dict[str, str] = field(default_factory=dict)
-    outage_delay: dict[str, float] = field(default_factory=dict)
-    # Servers whose sends this batch reached (a reply came back): their breakers close.
-    answered: set[str] = field(default_factory=set)
-
-
-_NOT_SENT = object()  # a chunk's value when its server refused an earlier chunk of the batch
-
-
-class _Halt:
-    """The sender's stop for one batch: the loop's stop signal, or a Redis server refusing as a whole.
-
-    Once one chunk finds its server refusing (or hanging until the timeout), the
-    batch's chunks for that server not yet started are not sent: each would wait
-    out the same refusal, and the lease must only cover one wave of them. The
-    other servers' chunks go on.
-    """
-
-    def __init__(self, stop: threading.Event, server_of):
-        self.stop = stop
-        self.server_of = server_of
-        self.refused: set[str] = set()  # set.add is atomic under the GIL; read by the send threads
-
-    def is_set(self) -> bool:
-        return self.stop.is_set()
-
-    def watching(self, send):
-        def watched(chunk):
-            server = self.server_of(chunk[0].queue)
-            if server in self.refused:
-                return _NOT_SENT
-            try:
-                return send(chunk)
-            except Exception as exc:
-                if outage_reason(exc) is not None:
-                    self.refused.add(server)
-                raise
-
-        return watched
 
 
 class DispatchLoop:
@@ -261,14 +206,14 @@ class DispatchLoop:
                 )
             raise
 
-    def _record_in_background(self, result: DrainResult, record: _BatchRecord | None) -> DrainResult:
+    def _record_in_background(self, result: DrainResult, record: BatchRecord | None) -> DrainResult:
         failpoints.hit("fail_background_mark")
         return self._record(result, record)
 
     def _any_closed(self) -> bool:
         return any(breaker.state == CLOSED for breaker in self.breakers.values())
 
-    def _judge(self, result: DrainResult, record: _BatchRecord | None) -> None:
+    def _judge(self, result: DrainResult, record: BatchRecord | None) -> None:
         """Tell each server's breaker what it did with this batch (loop's thread, before the results are written)."""
         if record is None:
             return  # nothing claimed: Redis was not asked; a half-open breaker probes with the next batch
@@ -315,7 +260,7 @@ class DispatchLoop:
         self._judge(result, record)
         return self._record(result, record)
 
-    def _claim_and_send(self, trigger: str, limit: int | None = None) -> tuple[DrainResult, _BatchRecord | None]:
+    def _claim_and_send(self, trigger: str, limit: int | None = None) -> tuple[DrainResult, BatchRecord | None]:
         conf = self.conf
         result = DrainResult(trigger=trigger)
         # Measured apart: waiting for a connection (a reconnect, a pool) vs the claim
@@ -337,7 +282,7 @@ class DispatchLoop:
         if self._given_back:
             self._given_back.difference_update(e.envelope_id for e in batch.envelopes)
 
-        record = _BatchRecord(token=batch.token)
+        record = BatchRecord(token=batch.token)
         sendable = []
         for envelope in batch.envelopes:
             try:
@@ -346,92 +291,17 @@ class DispatchLoop:
             except PermanentSendError as exc:
                 record.permanent.append((envelope, str(exc)))
 
-        chunks = self._chunks(sendable, record)
         server_of = self.publisher.server
-        halt = _Halt(self.stop, server_of)
-        outcomes = self.sender.map(halt.watching(self.publisher.send), chunks, stop=halt)
+        batch_chunks = chunks(
+            sendable, record, server_of=server_of, breaker_for=self._breaker, size=self.conf.SEND_CHUNK_SIZE
+        )
+        halt = Halt(self.stop, server_of)
+        outcomes = self.sender.map(halt.watching(self.publisher.send), batch_chunks, stop=halt)
         failpoints.hit("kill_after_send")
-
-        for outcome in outcomes:
-            ids = [e.envelope_id for e in outcome.item]
-            server = server_of(outcome.item[0].queue)
-            if outcome.skipped:
-                record.skipped_ids.extend(ids)
-            elif outcome.ok and outcome.value is _NOT_SENT:
-                # Never sent: an earlier chunk found this server refusing. Given back with the batch, uncounted.
-                record.outage_ids.setdefault(server, []).extend(ids)
-            elif outcome.ok:
-                record.answered.add(server)
-                failed = outcome.value.failed
-                bad = {e.envelope_id for e, _ in failed}
-                record.sent_ids.extend(i for i in ids if i not in bad)
-                result.duplicates += outcome.value.duplicates
-                for envelope, exc in failed:
-                    self._envelope_failed(record, [envelope.envelope_id], exc)
-            else:
-                reason = outage_reason(outcome.error)
-                error = f"{type(outcome.error).__name__}: {outcome.error}"
-                if reason is None:
-                    record.answered.add(server)
-                    self._envelope_failed(record, ids, outcome.error)
-                    continue
-                record.outage_ids.setdefault(server, []).extend(ids)
-                if server not in record.outage_reason:
-                    record.outage_reason[server], record.outage_error[server] = reason, error
-                    result.outage = result.outage or reason
-        for server, reason in record.outage_reason.items():
-            log.warning(
-                "dispatch paused: %s (%s) on %s; %d envelopes given back uncounted",
-                reason,
-                record.outage_error[server],
-                redis_servers.label(server),
-                len(record.outage_ids.get(server, ())),
-                extra={"action": "dispatch_paused", "domain": "dispatch"},
-            )
+        sort_outcomes(outcomes, record, result, server_of)
         return result, record
 
-    def _chunks(self, sendable: list[Claimed], record: _BatchRecord) -> list[list[Claimed]]:
-        """The batch's chunks, each for one server, servers taken in turn (one slow server does not go first).
-
-        A paused server's envelopes are given back uncounted until its probe is
-        due; a probing server gets one envelope, the rest come back at once.
-        """
-        groups: dict[str, list[Claimed]] = {}
-        for envelope in sendable:
-            groups.setdefault(self.publisher.server(envelope.queue), []).append(envelope)
-        size = self.conf.SEND_CHUNK_SIZE
-        per_server: list[list[list[Claimed]]] = []
-        for server, envelopes in groups.items():
-            breaker = self._breaker(server)
-            if breaker.state == OPEN:
-                self._hold(record, server, envelopes, max(breaker.seconds_to_probe() or 0.0, MIN_PROBE_BACKOFF))
-                continue
-            if breaker.probing and len(envelopes) > 1:
-                self._hold(record, server, envelopes[1:], 0.0)
-                envelopes = envelopes[:1]
-            per_server.append([envelopes[i : i + size] for i in range(0, len(envelopes), size)])
-        chunks: list[list[Claimed]] = []
-        for wave in range(max((len(c) for c in per_server), default=0)):
-            chunks.extend(c[wave] for c in per_server if wave < len(c))
-        return chunks
-
-    @staticmethod
-    def _hold(record: _BatchRecord, server: str, envelopes: list[Claimed], delay: float) -> None:
-        """Given back unsent and uncounted: their server is paused (its breaker has the reason)."""
-        key = f"held:{server}"
-        record.outage_ids.setdefault(key, []).extend(e.envelope_id for e in envelopes)
-        record.outage_delay[key] = delay
-
-    @staticmethod
-    def _envelope_failed(record: _BatchRecord, ids: list[int], exc: BaseException) -> None:
-        """An error of these envelopes' own: it counts toward their MAX_SEND_ATTEMPTS."""
-        error = f"{type(exc).__name__}: {exc}"
-        record.failures.setdefault(error, []).extend(ids)
-        log.warning(
-            "send failed for %d envelopes: %s", len(ids), error, extra={"action": "send_failed", "domain": "dispatch"}
-        )
-
-    def _record(self, result: DrainResult, record: _BatchRecord | None) -> DrainResult:
+    def _record(self, result: DrainResult, record: BatchRecord | None) -> DrainResult:
         """Write what the sends did: compare-and-set marks, backoffs, dead letters, released leases."""
         if record is None:
             return result
