@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import connection
 
+from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
 
 log = logging.getLogger("dispatch_app.vendor_calls")
@@ -137,28 +138,25 @@ def record(job_id: int, attempt: int, seq: int, purpose: str, request_id: str) -
     record, committed before its answer was lost, and is not inserted twice.
     """
     params = {"job": job_id, "attempt": attempt, "seq": seq, "purpose": purpose[:200], "request_id": request_id}
-    for retry in (False, True):
-        try:
-            with connection.cursor() as cursor:
-                if retry:
-                    cursor.execute(RECORDED_SQL, params)
-                    row = cursor.fetchone()
-                    if row is not None:
-                        return row[0]
-                cursor.execute(RECORD_SQL, params)
-                row = cursor.fetchone()
-            break
-        except (OperationalError, InterfaceError):
-            if retry or connection.in_atomic_block:
-                raise
-            log.warning(
-                "job %s attempt %s: connection lost while recording vendor call %s; retrying once",
-                job_id,
-                attempt,
-                seq,
-                extra={"action": "vendor_record_retry", "domain": "worker"},
-            )
-            connection.close()
+
+    def run(cursor, retry: bool):
+        if retry:
+            cursor.execute(RECORDED_SQL, params)
+            row = cursor.fetchone()
+            if row is not None:
+                return row
+        cursor.execute(RECORD_SQL, params)
+        return cursor.fetchone()
+
+    row = once_more_on_fresh_connection(
+        run,
+        log,
+        "job %s attempt %s: connection lost while recording vendor call %s; retrying once",
+        job_id,
+        attempt,
+        seq,
+        action="vendor_record_retry",
+    )
     if row is None:
         raise AttemptSuperseded(f"job {job_id} attempt {attempt} is no longer running; vendor call {seq} not made")
     return row[0]
@@ -175,21 +173,18 @@ def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bo
     from psycopg.types.json import Jsonb
 
     params = [status, Jsonb(result) if result is not None else None, error[:4000], call_id]
-    for retry in (False, True):
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(SETTLE_SQL, params)
-                return cursor.rowcount == 1
-        except (OperationalError, InterfaceError):
-            if retry or connection.in_atomic_block:
-                raise
-            log.warning(
-                "vendor call %s: connection lost before its outcome was saved; retrying once",
-                call_id,
-                extra={"action": "vendor_settle_retry", "domain": "worker"},
-            )
-            connection.close()
-    raise AssertionError("unreachable")
+
+    def run(cursor, retry: bool) -> bool:
+        cursor.execute(SETTLE_SQL, params)
+        return cursor.rowcount == 1
+
+    return once_more_on_fresh_connection(
+        run,
+        log,
+        "vendor call %s: connection lost before its outcome was saved; retrying once",
+        call_id,
+        action="vendor_settle_retry",
+    )
 
 
 def abandon_in_doubt(job_id: int, reason: str) -> int:

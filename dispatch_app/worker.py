@@ -19,6 +19,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from dispatch_app import tracing
 from dispatch_app.conf import dispatch_settings
+from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
@@ -87,22 +88,19 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     from psycopg.types.json import Jsonb
 
     params = [status, Jsonb(result) if result is not None else None, error[:ERROR_MAX_CHARS], job_id, attempt]
-    for retry in (False, True):
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(FINISH_SQL, params)
-                return cursor.rowcount == 1
-        except (OperationalError, InterfaceError):
-            if retry or connection.in_atomic_block:
-                raise
-            log.warning(
-                "job %s attempt %s: connection lost before the outcome was saved; retrying once",
-                job_id,
-                attempt,
-                extra={"action": "finish_retry", "domain": "worker"},
-            )
-            connection.close()
-    raise AssertionError("unreachable")
+
+    def run(cursor, retry: bool) -> bool:
+        cursor.execute(FINISH_SQL, params)
+        return cursor.rowcount == 1
+
+    return once_more_on_fresh_connection(
+        run,
+        log,
+        "job %s attempt %s: connection lost before the outcome was saved; retrying once",
+        job_id,
+        attempt,
+        action="finish_retry",
+    )
 
 
 def format_error(exc: BaseException) -> str:
