@@ -13,14 +13,16 @@ import time
 
 import pytest
 
+from dispatch_app.domains import domain_keys, queue_names
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.timeout(180)]
 
-DOMAINS = ("workflow", "image_series", "delivery", "partial_edit", "agent")
+# The declared domains (the shipped five under the test settings).
+DOMAINS = domain_keys()
 PER_DOMAIN, DONE = 200, 100
-ALL_QUEUES = DOMAINS
+ALL_QUEUES = queue_names()
 
 
 def test_recovery_redispatches_every_unfinished_job_after_redis_data_loss(private_stack, private_redis):
