@@ -1,0 +1,88 @@
+"""``OutboxBackend``: django.tasks enqueue through the transactional outbox.
+
+``enqueue`` writes the job and its dispatch envelope with ``outbox.submit`` -- one statement, in the
+caller's transaction when there is one: a rollback removes both, and nothing talks to Redis. The
+dispatcher (``manage.py rundispatcher``) moves the envelope to RQ after the commit; the project's
+workers (``manage.py runworkers``) run it through the start compare-and-set. The TaskResult id is the
+job id, so ``get_result`` reads the job from PostgreSQL in any process.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+
+from dispatch_app.tasks import declare, results
+from dispatch_app.tasks.compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+
+
+class OutboxBackend(BaseTaskBackend):
+    # run_after becomes the envelope's available_at; the claim compares it with the database clock.
+    supports_defer = True
+    # Coroutine tasks run under async_to_sync in the (synchronous) RQ worker.
+    supports_async_task = True
+    supports_get_result = True
+    # The claim takes envelopes in (available_at, id) order: a priority would order nothing.
+    supports_priority = False
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        # Checked now, so a bad OPTIONS fails at the first use of the backend, naming the key.
+        self.policies = declare.queue_policies(alias, params)
+
+    def validate_task(self, task) -> None:
+        super().validate_task(task)
+        queue_safe = self.policies[task.queue_name].retry_safe
+        task_safe = declare.declares_retry_safe(task.func)
+        if queue_safe and not task_safe:
+            raise InvalidTask(
+                f"Task {task.module_path} is not declared retry-safe, but queue {task.queue_name!r} re-runs "
+                "interrupted tasks (OPTIONS['QUEUES'][...]['RETRY_SAFE']): mark it @retry_safe "
+                "(dispatch_app.tasks) or put it on a queue that is not retry-safe."
+            )
+        if task_safe and not queue_safe:
+            raise InvalidTask(
+                f"Task {task.module_path} is declared @retry_safe, but queue {task.queue_name!r} is not "
+                "(an interrupted run would become outcome_unknown): put it on a queue with RETRY_SAFE: True."
+            )
+
+    def enqueue(self, task, args, kwargs) -> TaskResult:
+        from dispatch_app.outbox import submit
+
+        self.validate_task(task)
+        payload = {
+            "task": task.module_path,
+            "args": normalize_json(list(args)),
+            "kwargs": normalize_json(dict(kwargs)),
+            "backend": self.alias,
+        }
+        try:
+            job = submit(task.queue_name, payload, available_at=task.run_after)
+        except ValidationError as exc:
+            raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {'; '.join(exc.messages)}") from None
+        task_result = TaskResult(
+            task=task,
+            id=str(job.id),
+            status=TaskResultStatus.READY,
+            enqueued_at=job.submitted_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        # As Django documents: sent by enqueue. Inside the caller's transaction it may still be rolled back.
+        task_enqueued.send(type(self), task_result=task_result)
+        return task_result
+
+    def get_result(self, result_id) -> TaskResult:
+        return results.load(result_id, domains=set(self.queues))[0]
