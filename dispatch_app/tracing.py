@@ -141,7 +141,8 @@ def _emit(tracer_, stage: stages.Stage, parent, job_id: int, attempt: int, domai
 # --- dispatcher: the stages that end at the dispatch -------------------------------------------------------------
 
 DISPATCHED_SQL = f"""
-SELECT e.job_id, e.attempt, e.domain, j.trace_context, e.created_at, a.due_at, e.dispatched_at
+SELECT e.job_id, e.attempt, e.domain, j.trace_context, COALESCE(a.created_at, e.created_at), a.due_at,
+       e.dispatched_at
 FROM {stages.ENVELOPE} e
 JOIN {stages.JOB} j ON j.id = e.job_id
 LEFT JOIN {stages.ATTEMPT} a ON a.job_id = e.job_id AND a.attempt = e.attempt
