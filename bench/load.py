@@ -125,9 +125,9 @@ class RQObserver:
 
 
 def _domains(domains: list[str] | None) -> list[str]:
-    from dispatch_app.domains import domain_keys
+    from dispatch_app.demo_payloads import demo_domain_keys
 
-    return list(domains or domain_keys())
+    return list(domains or demo_domain_keys())
 
 
 def submit_paced(

@@ -15,3 +15,18 @@ def demo_payload(domain: str, index: int = 0) -> dict:
         return builders[domain](index)
     except KeyError:
         raise ValueError(f"no demo payload for domain {domain!r}") from None
+
+
+def demo_domain_keys() -> list[str]:
+    """The registered domains the demo, loadgen and the tests' factories run: those with a demo payload
+    (the shipped five), never a django.tasks queue's domain (its jobs name a task of the project's own)."""
+    from dispatch_app.domains import domain_keys
+
+    keys = []
+    for key in domain_keys():
+        try:
+            demo_payload(key)
+        except ValueError:
+            continue
+        keys.append(key)
+    return keys

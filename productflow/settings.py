@@ -191,6 +191,13 @@ for _name, _raw in os.environ.items():
         except ValueError:
             raise ImproperlyConfigured(f"{_name}={_raw!r} is not valid JSON (a number, or an object)") from None
 
+# --- django.tasks (dispatch_app.tasks; README "Use it in your Django project") ---
+# The outbox backend is the default: a plain @task() (queue "default") is a job of the "default" domain,
+# enqueued in the caller's transaction. Each queue is a domain; OPTIONS["QUEUES"][queue] sets its policy.
+TASKS = {"default": {"BACKEND": "dispatch_app.tasks.OutboxBackend", "QUEUES": ["default"]}}
+if sys.version_info < (3, 12):  # Django 5.2: the django-tasks backport (Django 6 has django.tasks)
+    INSTALLED_APPS.append("django_tasks")
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -2,11 +2,10 @@
 
 import factory
 
-from dispatch_app.demo_payloads import demo_payload
-from dispatch_app.domains import domain_keys
+from dispatch_app.demo_payloads import demo_domain_keys, demo_payload
 from dispatch_app.models import DispatchEnvelope, Job
 
-PAYLOADS = {domain: demo_payload(domain, 1) for domain in domain_keys()}
+PAYLOADS = {domain: demo_payload(domain, 1) for domain in demo_domain_keys()}
 
 
 class JobFactory(factory.django.DjangoModelFactory):

@@ -7,8 +7,12 @@ from tests.factories import PAYLOADS
 
 
 def test_the_five_domains_are_registered_with_their_queues():
-    assert set(domain_keys()) == {"workflow", "image_series", "delivery", "partial_edit", "agent"}
+    # ... and the django.tasks queue "default" (settings.TASKS), whose jobs run dispatch_app.tasks.run.
+    assert set(domain_keys()) == {"workflow", "image_series", "delivery", "partial_edit", "agent", "default"}
     for domain in all_domains():
+        if domain.key == "default":
+            assert domain.task_path == "dispatch_app.tasks.run.entry.default"
+            continue
         assert domain.queue == domain.key
         # The shipped worker entry point: the domain modules never import the worker.
         assert domain.task_path == f"dispatch_app.run.{domain.key}"

@@ -7,8 +7,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from dispatch_app.demo_payloads import demo_payload
-from dispatch_app.domains import domain_keys
+from dispatch_app.demo_payloads import demo_domain_keys, demo_payload
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 from dispatch_app.outbox import JobSpec, submit_many
 
@@ -67,11 +66,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--count", type=positive_int, required=True, help="how many jobs")
         parser.add_argument("--rate", type=positive_float, help="jobs per second (default: as fast as possible)")
-        parser.add_argument("--domains", type=domain_list, help=f"comma-separated subset of {','.join(domain_keys())}")
+        parser.add_argument(
+            "--domains", type=domain_list, help=f"comma-separated subset of {','.join(demo_domain_keys())}"
+        )
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handle(self, *args, **options):
-        domains = options["domains"] or list(domain_keys())
+        domains = options["domains"] or demo_domain_keys()
         show = None if options["no_progress"] else progress_bar(sys.stderr)
         first, last = generate(options["count"], domains, options["rate"], show)
         self.stdout.write(f"submitted {options['count']} jobs (ids {first}..{last}) over {', '.join(domains)}")
