@@ -7,10 +7,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from dispatch_app.admin.common import ReadOnlyAdmin, report, since
-from dispatch_app.admin.filters import EnvelopeAgeFilter
+from dispatch_app.admin.filters import DueFilter, EnvelopeAgeFilter
 from dispatch_app.models import DispatchEnvelope
 from dispatch_app.ops import actions
 from dispatch_app.ops.timeline import format_duration
+from dispatch_app.templatetags.dispatch_ops import utc
 
 
 @admin.register(DispatchEnvelope)
@@ -22,12 +23,12 @@ class EnvelopeAdmin(ReadOnlyAdmin):
         "domain",
         "queue",
         "status",
-        "available_at",
+        "available",
         "age",
         "send_attempts",
         "short_error",
     )
-    list_filter = ("status", "domain", EnvelopeAgeFilter)
+    list_filter = ("status", "domain", DueFilter, EnvelopeAgeFilter)
     search_fields = ("=id", "=job__id")
     ordering = ("-id",)
     list_per_page = 50
@@ -43,6 +44,10 @@ class EnvelopeAdmin(ReadOnlyAdmin):
         return format_html(
             '<a href="{}">job {}</a>', reverse("admin:dispatch_app_job_timeline", args=[obj.job_id]), obj.job_id
         )
+
+    @admin.display(description="available at", ordering="available_at")
+    def available(self, obj):
+        return utc(obj.available_at)
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj):

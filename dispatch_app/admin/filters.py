@@ -61,6 +61,7 @@ class FinishedWithinFilter(admin.SimpleListFilter):
 
     title = "finished"
     parameter_name = "finished_within"
+    field = "finished_at"
     CHOICES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
 
     def lookups(self, request, model_admin):
@@ -72,5 +73,30 @@ class FinishedWithinFilter(admin.SimpleListFilter):
                 ClockTimestamp() - Value(self.CHOICES[self.value()], output_field=DurationField()),
                 output_field=DateTimeField(),
             )
-            return queryset.filter(finished_at__gte=cutoff)
+            return queryset.filter(**{f"{self.field}__gte": cutoff})
+        return queryset
+
+
+class StartedWithinFilter(FinishedWithinFilter):
+    """Jobs whose current attempt started recently (the dashboard's "started / min" links here)."""
+
+    title = "started"
+    parameter_name = "started_within"
+    field = "started_at"
+
+
+class DueFilter(admin.SimpleListFilter):
+    """Envelopes due now (available_at reached, on the database clock) or still waiting for their time."""
+
+    title = "due"
+    parameter_name = "due"
+
+    def lookups(self, request, model_admin):
+        return [("now", "due now"), ("later", "not yet due")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "now":
+            return queryset.filter(available_at__lte=ClockTimestamp())
+        if self.value() == "later":
+            return queryset.filter(available_at__gt=ClockTimestamp())
         return queryset

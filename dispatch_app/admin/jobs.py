@@ -11,11 +11,12 @@ from django.views.decorators.http import require_POST
 from dispatch_app import stages
 from dispatch_app.admin.common import DASHBOARD_PERMISSION, ReadOnlyAdmin, report, since
 from dispatch_app.admin.dashboard import DashboardViews
-from dispatch_app.admin.filters import AgeFilter, FinishedWithinFilter, StageFilter
+from dispatch_app.admin.filters import AgeFilter, FinishedWithinFilter, StageFilter, StartedWithinFilter
 from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.models import Job
-from dispatch_app.ops import actions, timeline
+from dispatch_app.ops import actions, rqjobs, timeline
 from dispatch_app.ops.timeline import format_duration
+from dispatch_app.templatetags.dispatch_ops import utc
 
 # Bulk retries list every job on the confirmation page; more than this is refused (narrow the filter).
 RETRY_CONFIRM_MAX = 5000
@@ -34,9 +35,10 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         "outbox_wait",
         "queue_wait",
         "run_time",
+        "rq_side",
         "timeline_link",
     )
-    list_filter = ("domain", "status", StageFilter, AgeFilter, FinishedWithinFilter)
+    list_filter = ("domain", "status", StageFilter, AgeFilter, StartedWithinFilter, FinishedWithinFilter)
     search_fields = ("=id", "vendor_request_id")
     ordering = ("-id",)
     list_per_page = 50
@@ -90,6 +92,21 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
     @admin.display(description="worker")
     def run_time(self, obj):
         return self._stage(obj, "worker")
+
+    @admin.display(description="RQ side")
+    def rq_side(self, obj):
+        text, alarming = rqjobs.describe(obj.status, getattr(obj, "_rq", None), fmt_instant=utc)
+        return format_html('<span class="pf-rq-side pf-red">{}</span>', text) if alarming else text
+
+    def get_changelist_instance(self, request):
+        # The page's queued and running jobs are looked up in Redis together (rqjobs: a few round trips per
+        # server), once; the rows the template renders are these same instances (the page's queryset cache).
+        changelist = super().get_changelist_instance(request)
+        page = list(changelist.result_list)
+        found = rqjobs.states(page)
+        for job in page:
+            job._rq = found.get(job.pk)
+        return changelist
 
     @admin.display(description="timeline")
     def timeline_link(self, obj):

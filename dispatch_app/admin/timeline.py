@@ -7,28 +7,19 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 
 from dispatch_app.models import Job
-from dispatch_app.ops import timeline
+from dispatch_app.ops import rqjobs, timeline
 from dispatch_app.ops.timeline import format_duration
 
 
 def rq_state(data):
-    """The RQ side of a queued or running job: its place in its queue, or whether the worker running it lives."""
-    from dispatch_app.domains import REGISTRY
-    from dispatch_app.ops import rqside
-
+    """The RQ side of a queued or running job: its place in its queue, or whether the worker running it lives
+    (a dispatched job still marked submitted is looked up too: the marker may lag the send)."""
     job = data.job
-    if job.status not in ("submitted", "queued", "running") or job.domain not in REGISTRY:
-        return None
     if job.status == "submitted" and job.dispatched_at is None:
         return None  # still in the outbox: nothing in Redis yet
-    state = rqside.job_state(job.pk, job.attempt, REGISTRY[job.domain].queue)
-    if job.status == "running" and not state.worker and not state.error:
-        # No RQ hash names a worker: fall back on the one the attempt's start recorded.
-        recorded = next((v.attempt.worker for v in getattr(data, "attempts", []) if v.current), "")
-        if recorded:
-            info = rqside.read_workers(rqside.redis_conn(), [recorded])[recorded]
-            state.worker, state.worker_alive, state.worker_dead_reason = recorded, info.alive, info.dead_reason
-            state.last_heartbeat = info.last_heartbeat
+    state = rqjobs.states([job], statuses=("submitted", "queued", "running")).get(job.pk)
+    if state is None:
+        return None
     dead_for = None
     if state.worker_alive is False and state.last_heartbeat is not None:
         dead_for = max((data.now - state.last_heartbeat).total_seconds(), 0.0)

@@ -15,7 +15,12 @@ TTL it renews on every heartbeat, so a worker killed with SIGKILL disappears
 only when that TTL runs out (up to ``worker_ttl + 60`` s when idle,
 ``job_monitoring_interval + 60`` s mid-job). A worker on the host that serves
 this page is also checked by its pid, so a killed local worker shows dead at
-once. A worker hash marked with ``death`` or gone is dead.
+once. A worker hash marked with ``death`` or gone is dead. A PipelineWorker
+beats every ``pf_heartbeat_interval`` seconds (its hash says so) from its own
+thread, so on any host it is "not alive" once its last heartbeat is older than
+SILENT_PERIODS periods by Redis' clock (TIME): ~25 s at the default 10 s, not
+the 60 s its hash takes to expire. Such a worker is dead *since* its last
+heartbeat; a worker that recovers (a frozen process thawed) shows alive again.
 """
 
 from __future__ import annotations
@@ -33,15 +38,17 @@ from django.conf import settings
 from django.db import connection
 
 from dispatch_app import redis_servers
-from dispatch_app.domains import REGISTRY
+from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
-from dispatch_app.rqworker.worker import LAST_ERROR_FIELD, RECENT_FIELD
+from dispatch_app.rqworker.worker import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
 log = logging.getLogger("dispatch_app.ops.rqside")
 
 REDIS_TIMEOUT = 2.0
 WORKER_PREFIX = "rq:worker:"
 RQ_ID = re.compile(r"^pf-(\d+)-(\d+)$")
+# A PipelineWorker silent for this many of its heartbeat periods is not alive (one late beat is not death).
+SILENT_PERIODS = 2.5
 
 
 @cache
@@ -108,6 +115,13 @@ class WorkerInfo:
     failed: int
     recent: str = ""  # PipelineWorker's last outcomes (rqworker.health)
     last_error: str = ""
+    heartbeat_age: float | None = None  # seconds since last_heartbeat, by Redis' clock
+    heartbeat_interval: float | None = None  # PipelineWorker only: its beat period
+
+    @property
+    def dead_since(self) -> datetime | None:
+        """The last sign of life of a dead worker (its last heartbeat), None while alive or unknown."""
+        return None if self.alive else self.last_heartbeat
 
     @property
     def failing_every_job(self) -> bool:
@@ -116,9 +130,19 @@ class WorkerInfo:
         return self.alive and health.failing(self.recent, self.failed, self.successful)
 
 
-def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
+def _float(value: str) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+def _judge(name: str, data: dict, local_host: str, redis_now: datetime | None = None) -> WorkerInfo:
     pid = int(data["pid"]) if data.get("pid", "").isdigit() else None
     host = data.get("hostname", "")
+    last_heartbeat = _utc(data.get("last_heartbeat", ""))
+    age = (redis_now - last_heartbeat).total_seconds() if redis_now and last_heartbeat else None
+    interval = _float(data.get(HEARTBEAT_INTERVAL_FIELD, ""))
     alive, reason = True, ""
     if not data:
         alive, reason = False, "its RQ hash is gone (TTL ran out without a heartbeat, or it was cleaned up)"
@@ -126,6 +150,9 @@ def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
         alive, reason = False, "it registered its death (stopped)"
     elif host == local_host and pid is not None and not pid_alive(pid):
         alive, reason = False, f"pid {pid} no longer exists on {host}"
+    elif interval and age is not None and age > SILENT_PERIODS * interval:
+        # Killed on another host, frozen, or cut off from Redis: its beat thread has stopped.
+        alive, reason = False, f"no heartbeat for {age:.0f} s (it beats every {interval:g} s)"
     return WorkerInfo(
         name=name,
         queues=[q for q in data.get("queues", "").split(",") if q],
@@ -134,12 +161,14 @@ def _judge(name: str, data: dict, local_host: str) -> WorkerInfo:
         pid=pid,
         alive=alive,
         dead_reason=reason,
-        last_heartbeat=_utc(data.get("last_heartbeat", "")),
+        last_heartbeat=last_heartbeat,
         current_job=data.get("current_job", ""),
         successful=int(data.get("successful_job_count") or 0),
         failed=int(data.get("failed_job_count") or 0),
         recent=data.get(RECENT_FIELD, ""),
         last_error=data.get(LAST_ERROR_FIELD, ""),
+        heartbeat_age=None if age is None else round(age, 1),
+        heartbeat_interval=interval,
     )
 
 
@@ -147,12 +176,14 @@ def read_workers(conn: redis.Redis, names) -> dict[str, WorkerInfo]:
     """Each named worker's hash, in one pipeline, judged alive or dead."""
     names = sorted(set(names))
     with conn.pipeline(transaction=False) as pipe:
+        pipe.time()
         for name in names:
             pipe.hgetall(WORKER_PREFIX + name)
-        raw = pipe.execute()
+        (seconds, micros), *raw = pipe.execute()
+    redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     local = socket.gethostname()
     return {
-        name: _judge(name, {_text(k): _text(v) for k, v in data.items()}, local)
+        name: _judge(name, {_text(k): _text(v) for k, v in data.items()}, local, redis_now)
         for name, data in zip(names, raw, strict=True)
     }
 
@@ -192,7 +223,7 @@ def snapshot(conn: redis.Redis | None = None) -> dict:
     an unreadable server are left out (the other servers' are still shown).
     """
     all_queues: dict[str, QueueInfo] = {}
-    for domain in REGISTRY.values():
+    for domain in all_domains():
         all_queues.setdefault(domain.queue, QueueInfo(domain.queue, [], 0)).domains.append(domain.key)
     groups = {"": list(all_queues)} if conn is not None else redis_servers.by_server(all_queues)
     queues: dict[str, QueueInfo] = {}
@@ -252,6 +283,7 @@ def _read_server(conn: redis.Redis, infos: list[QueueInfo]) -> dict[str, WorkerI
 def _worker_dict(w: WorkerInfo) -> dict:
     data = asdict(w)
     data["last_heartbeat"] = w.last_heartbeat.isoformat() if w.last_heartbeat else None
+    data["dead_since"] = w.dead_since.isoformat() if w.dead_since else None
     data["failing_every_job"] = w.failing_every_job
     return data
 
@@ -273,36 +305,56 @@ class JobRQState:
     last_heartbeat: datetime | None = None  # the job's last heartbeat from its worker (worker host's clock)
     error: str = ""
 
+    def judge_worker(self, info: WorkerInfo) -> None:
+        """Take the running worker's verdict; a dead one's last heartbeat is the job's last sign of life."""
+        self.worker_alive, self.worker_dead_reason = info.alive, info.dead_reason
+        if (
+            not info.alive
+            and info.last_heartbeat
+            and (self.last_heartbeat is None or info.last_heartbeat > self.last_heartbeat)
+        ):
+            self.last_heartbeat = info.last_heartbeat
+
+
+def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[tuple[int, int], JobRQState]:
+    """The RQ side of many (job id, attempt, queue) on one server: one pipeline for the jobs and their queues,
+    one for the workers they name. Raises redis.RedisError."""
+    queues = sorted({q for _, _, q in attempts})
+    with conn.pipeline(transaction=False) as pipe:
+        for job_id, attempt, queue in attempts:
+            pipe.hmget(f"rq:job:pf-{job_id}-{attempt}", "status", "worker_name", "last_heartbeat")
+            pipe.lpos(queue_key(queue), f"pf-{job_id}-{attempt}")
+        for queue in queues:
+            pipe.llen(queue_key(queue))
+            pipe.smembers(f"rq:workers:{queue}")
+        raw = pipe.execute()
+    per_job, per_queue = raw[: 2 * len(attempts)], raw[2 * len(attempts) :]
+    depth = {q: int(per_queue[2 * i]) for i, q in enumerate(queues)}
+    members = {q: [_text(m).removeprefix(WORKER_PREFIX) for m in per_queue[2 * i + 1]] for i, q in enumerate(queues)}
+    out = {}
+    for i, (job_id, attempt, queue) in enumerate(attempts):
+        (status, worker, heartbeat), position = per_job[2 * i], per_job[2 * i + 1]
+        out[(job_id, attempt)] = JobRQState(
+            rq_id=f"pf-{job_id}-{attempt}",
+            queue=queue,
+            in_redis=status is not None,
+            rq_status=_text(status),
+            position=None if position is None else int(position) + 1,
+            depth=depth[queue],
+            worker=_text(worker),
+            last_heartbeat=_utc(_text(heartbeat)),
+        )
+    workers = read_workers(conn, {n for ns in members.values() for n in ns} | {s.worker for s in out.values()} - {""})
+    for state in out.values():
+        state.live_workers = sum(1 for n in members[state.queue] if workers[n].alive)
+        if state.worker:
+            state.judge_worker(workers[state.worker])
+    return out
+
 
 def job_state(job_id: int, attempt: int, queue: str, conn: redis.Redis | None = None) -> JobRQState:
     """The RQ side of one attempt: its place in the queue, or the worker running it and whether it lives."""
-    conn = conn or redis_conn(queue)
-    rq_id = f"pf-{job_id}-{attempt}"
-    state = JobRQState(rq_id=rq_id, queue=queue, in_redis=False)
     try:
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hmget(f"rq:job:{rq_id}", "status", "worker_name", "last_heartbeat")
-            pipe.lpos(queue_key(queue), rq_id)
-            pipe.llen(queue_key(queue))
-            pipe.smembers(f"rq:workers:{queue}")
-            (status, worker, heartbeat), position, depth, members = pipe.execute()
-        state.in_redis = status is not None
-        state.rq_status, state.worker = _text(status), _text(worker)
-        state.last_heartbeat = _utc(_text(heartbeat))
-        state.position = None if position is None else int(position) + 1
-        state.depth = int(depth)
-        names = [_text(m).removeprefix(WORKER_PREFIX) for m in members]
-        workers = read_workers(conn, [*names, *([state.worker] if state.worker else [])])
-        state.live_workers = sum(1 for n in names if workers[n].alive)
-        if state.worker:
-            info = workers[state.worker]
-            state.worker_alive, state.worker_dead_reason = info.alive, info.dead_reason
-            if (
-                not info.alive
-                and info.last_heartbeat
-                and (state.last_heartbeat is None or info.last_heartbeat > state.last_heartbeat)
-            ):
-                state.last_heartbeat = info.last_heartbeat
+        return read_jobs(conn or redis_conn(queue), [(job_id, attempt, queue)])[(job_id, attempt)]
     except redis.RedisError as exc:
-        state.error = f"{type(exc).__name__}: {exc}"
-    return state
+        return JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=f"{type(exc).__name__}: {exc}")

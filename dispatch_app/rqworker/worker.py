@@ -58,6 +58,8 @@ RECENT_OUTCOMES = 20
 RECENT_FIELD = "pf_recent"
 UNDESERIALIZABLE_FIELD = "pf_undeserializable"
 LAST_ERROR_FIELD = "pf_last_error"
+# The beat thread's period, so the dashboard can call a silent worker dead after ~2 periods (ops.rqside).
+HEARTBEAT_INTERVAL_FIELD = "pf_heartbeat_interval"
 
 
 class PipelineWorker(SimpleWorker):
@@ -367,6 +369,10 @@ class PipelineWorker(SimpleWorker):
 
     def _health_fields(self) -> dict[str, str]:
         return {RECENT_FIELD: self._recent, UNDESERIALIZABLE_FIELD: str(self._undeserializable)}
+
+    def serialize(self) -> dict:
+        # Written at birth and on re-registration (never per beat): the hash says how often this worker beats.
+        return {**super().serialize(), HEARTBEAT_INTERVAL_FIELD: str(self.heartbeat_interval)}
 
     def _undeserializable_job(self, taken: Taken, exc: DeserializationError) -> None:
         """Loud once per process (what is wrong and what to do), one line per job after that."""

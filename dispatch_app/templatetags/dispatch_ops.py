@@ -1,5 +1,6 @@
-"""Small filters for the dispatch dashboard. One time format everywhere: durations by ``format_duration``
-("850 ms", "12.3 s", "4.5 min", "2.0 h"), ages as "<duration> ago", instants as "YYYY-MM-DD HH:MM:SS UTC"."""
+"""Small filters for the dispatch pages. One time format everywhere: durations by ``format_duration``
+("850 ms", "12.3 s", "4.5 min", "2.0 h"), ages as "<duration> ago", instants as "YYYY-MM-DD HH:MM:SS UTC"
+(``utc``), with milliseconds where stages are that short (``utc:"ms"``, the timeline)."""
 
 from datetime import UTC, datetime
 
@@ -26,8 +27,8 @@ def ago(value):
 
 
 @register.filter
-def utc(value):
-    """An instant (datetime or ISO string) in UTC, to the second."""
+def utc(value, precision: str = ""):
+    """An instant (datetime or ISO string) in UTC, to the second, or to the millisecond with ``"ms"``."""
     if not value:
         return "–"
     if isinstance(value, str):
@@ -37,7 +38,10 @@ def utc(value):
             return value
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    value = value.astimezone(UTC)
+    if precision == "ms":
+        return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d} UTC"
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @register.filter

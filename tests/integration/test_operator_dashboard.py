@@ -299,7 +299,7 @@ def test_the_timeline_shows_a_queued_jobs_place_and_a_running_jobs_dead_worker(c
     assert "Running on worker <strong>w-killed</strong>" in page
     redis_conn.delete(w.key)  # killed: its hash outlives it only until its TTL
     page = client.get(f"{JOBS}{running.pk}/timeline/").content.decode()
-    assert "Its worker w-killed is DEAD" in page and "last sign of life" in page
+    assert "Its worker w-killed is DEAD" in page and "not alive since" in page
 
 
 @pytest.mark.django_db

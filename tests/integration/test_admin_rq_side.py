@@ -1,0 +1,149 @@
+"""The RQ side on the operator's pages: a worker silent past its heartbeat periods is dead on any host (the
+dashboard, the job list's "RQ side" column, the timeline), with the time since when; and every dashboard count
+links to a list that holds what it counts. Real PostgreSQL and Redis; the worker hash is the one PipelineWorker
+writes at birth (its heartbeat period in it), and a stopped beat is a last_heartbeat left in the past."""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from rq import Queue
+from rq.serializers import JSONSerializer
+from rq.utils import utcformat
+
+from dispatch_app.ops import board, rqside
+from dispatch_app.rqworker import PipelineWorker
+from tests.integration.opsdata import envelope, job
+from tests.integration.test_operator_dashboard import DASHBOARD, JOBS, LIVE, VIEW, enqueue, staff, worker
+
+INTERVAL = 10.0
+
+
+def pipeline_worker(redis_conn, queue: str, name: str, *, hostname: str = "other-host") -> PipelineWorker:
+    """A PipelineWorker's hash as it stands after birth, on another host (so no pid check can judge it)."""
+    w = PipelineWorker(
+        [Queue(queue, connection=redis_conn, serializer=JSONSerializer)],
+        connection=redis_conn,
+        name=name,
+        heartbeat_interval=INTERVAL,
+    )
+    w.register_birth()
+    redis_conn.hset(w.key, "hostname", hostname)
+    return w
+
+
+def beat_at(redis_conn, w, seconds_ago: float) -> datetime:
+    """A worker's (or job's) last heartbeat ``seconds_ago`` by Redis' clock (what a stopped beat thread leaves)."""
+    secs, micros = redis_conn.time()
+    at = datetime.fromtimestamp(secs + micros / 1e6, tz=UTC) - timedelta(seconds=seconds_ago)
+    redis_conn.hset(w.key, "last_heartbeat", utcformat(at))
+    return at
+
+
+def text(response) -> str:
+    """The page as it reads: tags dropped, whitespace collapsed."""
+    words = html.unescape(re.sub(r"<[^>]+>", " ", response.content.decode())).split()
+    return " ".join(words).replace(" ,", ",").replace(" :", ":")
+
+
+@pytest.mark.django_db
+def test_a_silent_pipeline_worker_on_another_host_is_dead_since_its_last_heartbeat(client, redis_conn):
+    w = pipeline_worker(redis_conn, "agent", "w-remote")
+    assert redis_conn.hget(w.key, "pf_heartbeat_interval") == b"10.0"
+    running = job("agent", "running", dispatched_ago=120, started_ago=100)
+    rq_job = enqueue(redis_conn, "agent", running.pk)
+    redis_conn.lrem("rq:queue:agent", 0, rq_job.id)
+    w.prepare_job_execution(rq_job)
+    beat_at(redis_conn, rq_job, 100)  # the job's own heartbeat: written when it started, 100 s ago
+    waiting = job("agent", "queued", dispatched_ago=5)
+    envelope(waiting, "dispatched", created_ago=6, dispatched_ago=5)
+    enqueue(redis_conn, "agent", waiting.pk)
+    client.force_login(staff("viewer", *VIEW))
+
+    # Two periods late is still alive (one slow beat is not death) ...
+    beat_at(redis_conn, w, 2 * INTERVAL)
+    info = rqside.read_workers(redis_conn, ["w-remote"])["w-remote"]
+    assert info.alive and info.dead_since is None
+    assert "w-remote: alive" in text(client.get(f"{JOBS}?status__exact=running"))
+
+    # ... three periods late is dead, since its last heartbeat, long before its hash expires (6 periods).
+    last = beat_at(redis_conn, w, 3 * INTERVAL)
+    info = rqside.read_workers(redis_conn, ["w-remote"])["w-remote"]
+    assert not info.alive and info.dead_since == last.replace(microsecond=info.dead_since.microsecond)
+    assert info.dead_reason == "no heartbeat for 30 s (it beats every 10 s)"
+    assert redis_conn.exists(w.key)
+    since = last.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    page = text(client.get(f"{JOBS}{running.pk}/timeline/"))
+    assert "Its worker w-remote is DEAD" in page and f"not alive since {since}" in page
+    assert "no heartbeat for 30 s" in page
+    listing = client.get(f"{JOBS}?domain__exact=agent").content.decode()
+    assert f'<span class="pf-rq-side pf-red">w-remote: not alive since {since}</span>' in listing
+    assert '<span class="pf-rq-side pf-red">#1 of 1 in agent, 0 live workers</span>' in listing
+
+    data = board.build(redis_conn=redis_conn)
+    assert data["domains"]["agent"]["rq"]["live_workers"] == 0
+    assert any(b["key"] == "no-worker" and b["text"].startswith("agent:") for b in data["banners"])
+    (row,) = [w for w in data["rq"]["workers"] if w["name"] == "w-remote"]
+    assert row["dead_since"] == last.isoformat().replace(last.isoformat()[19:26], row["dead_since"][19:26])
+    live = text(client.get(LIVE))
+    assert f"DEAD, not alive since {since}" in live
+
+    # Its beat resumes (a frozen process thawed, the network back): alive again at once.
+    beat_at(redis_conn, w, 0)
+    assert rqside.read_workers(redis_conn, ["w-remote"])["w-remote"].alive
+    assert "w-remote: alive" in text(client.get(f"{JOBS}?status__exact=running"))
+
+
+@pytest.mark.django_db
+def test_a_worker_of_another_class_is_judged_by_its_hash_not_by_a_heartbeat_period(redis_conn):
+    # A plain RQ worker heartbeats from its job loop (not during an in-process job): no period to hold it to.
+    w = worker(redis_conn, "agent", name="w-plain")
+    redis_conn.hset(w.key, "hostname", "other-host")
+    beat_at(redis_conn, w, 10 * INTERVAL)
+    assert rqside.read_workers(redis_conn, ["w-plain"])["w-plain"].alive
+    redis_conn.delete(w.key)
+    info = rqside.read_workers(redis_conn, ["w-plain"])["w-plain"]
+    assert not info.alive and "hash is gone" in info.dead_reason
+
+
+@pytest.mark.django_db
+def test_the_job_list_shows_each_queued_jobs_place_and_the_local_workers_that_serve_it(client, redis_conn):
+    jobs = [job("delivery", "queued", dispatched_ago=30 - i) for i in range(3)]
+    for j in jobs:
+        enqueue(redis_conn, "delivery", j.pk)
+    lost = job("delivery", "queued", dispatched_ago=40)  # its RQ job never reached Redis (or Redis lost it)
+    pipeline_worker(redis_conn, "delivery", "w-local-fresh")
+    client.force_login(staff("viewer", *VIEW))
+    listing = client.get(f"{JOBS}?domain__exact=delivery").content.decode()
+    for position, j in enumerate(jobs, start=1):
+        row = re.search(rf'<a href="[^"]*/{j.pk}/change/[^"]*">{j.pk}</a>.*?</tr>', listing, re.S).group(0)
+        assert f"#{position} of 3 in delivery, 1 live worker<" in row
+    row = re.search(rf'<a href="[^"]*/{lost.pk}/change/[^"]*">{lost.pk}</a>.*?</tr>', listing, re.S).group(0)
+    assert '<span class="pf-rq-side pf-red">not in Redis</span>' in row
+
+
+@pytest.mark.django_db
+def test_every_dashboard_count_links_to_a_list_holding_what_it_counts(client, redis_conn):
+    due = job("delivery", "submitted", submitted_ago=20)
+    envelope(due, "pending", created_ago=20, available_ago=5)
+    later = job("delivery", "submitted", submitted_ago=20)
+    envelope(later, "pending", created_ago=20, available_ago=-600)  # a retry backoff: not due for 10 min
+    started = job("agent", "running", dispatched_ago=70, started_ago=60)
+    job("agent", "running", dispatched_ago=900, started_ago=800)  # started before the 5 min window
+    client.force_login(staff("viewer", *VIEW))
+
+    page = client.get(DASHBOARD).content.decode()
+    links = dict(re.findall(r'<a href="([^"]+)"[^>]*>\s*([\d.]+)\s*</a>', page))
+    due_link = next(href for href, n in links.items() if "due=now" in href and "domain__exact=delivery" in href)
+    assert links[due_link] == "1"
+    envelopes = client.get(html.unescape(due_link)).content.decode()
+    assert f"job {due.pk}<" in envelopes and f"job {later.pk}<" not in envelopes
+    started_link = next(href for href in links if "started_within=5m" in href and "domain__exact=agent" in href)
+    assert links[started_link] == "0.2"  # one start in 5 minutes
+    jobs_page = client.get(html.unescape(started_link)).content.decode()
+    assert set(re.findall(r"/admin/dispatch_app/job/(\d+)/change/", jobs_page)) == {str(started.pk)}
+    assert 'href="#pf-workers"' in page  # live workers: the RQ workers table below
