@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import queue
 import random
 import struct
 import threading
@@ -59,6 +60,36 @@ class Provider(Protocol):
         """'succeeded', 'failed', 'pending' or 'unknown' (the vendor never saw it)."""
 
 
+class _CallThread:
+    """A daemon thread that runs the calls of one caller thread, one at a time.
+
+    Starting a thread per call cost ~0.15 ms of CPU (a third of a local
+    vendor call); this one is reused until a call outlives its timeout. Then it
+    is abandoned: the caller gets a new one, and this one ends once that call
+    finally returns.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="vendor-call", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                return
+            fn, box, done = item
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            done.set()
+
+
+_call_threads = threading.local()
+
+
 def call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
     """Run ``fn`` on a helper thread and give up waiting after ``timeout`` seconds.
 
@@ -66,18 +97,19 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
     on with ``ProviderTimeout`` (outcome unknown); the abandoned thread is a
     daemon and ends when the call finally returns.
     """
+    runner = getattr(_call_threads, "runner", None)
+    if runner is None or not runner.thread.is_alive():
+        runner = _call_threads.runner = _CallThread()
     box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller below
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name=f"vendor-call {what}"[:60], daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    done = threading.Event()
+    runner.inbox.put((fn, box, done))
+    try:
+        answered = done.wait(timeout)
+    finally:
+        if not done.is_set():  # timed out, or interrupted (a job timeout's signal): the call goes on alone
+            _call_threads.runner = None
+            runner.inbox.put(None)  # ends the thread after the call it is stuck in
+    if not answered:
         raise ProviderTimeout(f"{what}: no answer within {timeout:g}s")
     if "error" in box:
         raise box["error"]

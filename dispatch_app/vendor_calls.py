@@ -15,7 +15,8 @@ domain's work) and, per call, reads the ledger first:
   ``VENDOR_EVIDENCE_TRUST_SECONDS``.
 
 Each record is committed on its own (autocommit, outside any transaction), so
-it survives the worker dying a moment later. Recording is fenced on the
+it survives the worker dying a moment later; a success's settle does not wait
+for its WAL flush (``SETTLE_SUCCEEDED_SQL``): one durable commit per call. Recording is fenced on the
 attempt: an attempt that recovery has moved on makes no more calls.
 """
 
@@ -60,6 +61,18 @@ SELECT id FROM {TABLE} WHERE job_id = %(job)s AND seq = %(seq)s AND request_id =
 
 SETTLE_SQL = f"""
 UPDATE {TABLE} SET status = %s, result = %s, error = %s, finished_at = clock_timestamp()
+WHERE id = %s AND status IN ('pending', 'unknown')
+"""
+
+# A success commits without waiting for its WAL flush (synchronous_commit off for this statement's
+# transaction only): one durable commit per call, the record before the side effect. The outcome is in
+# PostgreSQL's WAL at once, so a worker killed a moment later does not lose it; the next synchronous
+# commit of any session (this attempt's next record or its finish, which follow in the same session)
+# flushes it, or the WAL writer within a fraction of a second. Only a PostgreSQL crash in that window
+# loses it, and then the call reads "pending": in doubt, as for a worker killed before its settle.
+SETTLE_SUCCEEDED_SQL = f"""
+UPDATE {TABLE} SET status = %s, result = %s, error = %s, finished_at = clock_timestamp()
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE id = %s AND status IN ('pending', 'unknown')
 """
 
@@ -174,8 +187,10 @@ def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bo
 
     params = [status, Jsonb(result) if result is not None else None, error[:4000], call_id]
 
+    sql = SETTLE_SUCCEEDED_SQL if status == SUCCEEDED else SETTLE_SQL
+
     def run(cursor, retry: bool) -> bool:
-        cursor.execute(SETTLE_SQL, params)
+        cursor.execute(sql, params)
         return cursor.rowcount == 1
 
     return once_more_on_fresh_connection(
