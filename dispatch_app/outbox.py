@@ -31,7 +31,8 @@ from django.db.models import NOT_PROVIDED
 from dispatch_app import tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
-from dispatch_app.models import DispatchEnvelope, Job, JobEvent, JobStatus
+from dispatch_app.models import DispatchEnvelope, Job, JobStatus
+from dispatch_app.transitions import redispatch  # its old home; dispatch_app.transitions owns it
 
 
 @dataclass(frozen=True)
@@ -186,50 +187,6 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
         job._state.db = connection.alias
         jobs.append(job)
     return jobs
-
-
-def redispatch(
-    job_id: int,
-    from_attempt: int,
-    *,
-    kind: str,
-    reason: str,
-    delay_seconds: float = 0.0,
-    allowed_statuses: tuple[str, ...] = ("submitted", "queued", "running"),
-) -> int | None:
-    """Start the next attempt of a job through the outbox (new envelope, NOTIFY on commit).
-
-    Compare-and-set on (attempt, status): returns the new attempt, or None when
-    the job has moved on since the caller looked. Must run inside a transaction.
-    """
-    assert connection.in_atomic_block, "redispatch must run inside the caller's transaction"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE dispatch_app_job SET attempt = attempt + 1, status = 'submitted', error = '', "
-            "vendor_request_id = '', started_at = NULL "
-            "WHERE id = %s AND attempt = %s AND status = ANY(%s) RETURNING attempt, domain",
-            [job_id, from_attempt, list(allowed_statuses)],
-        )
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        attempt, domain_key = row
-        queue = get_domain(domain_key).queue
-        cursor.execute(
-            "INSERT INTO dispatch_app_dispatchenvelope "
-            "(job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, created_at) "
-            "VALUES (%s, %s, %s, %s, 'pending', "
-            "clock_timestamp() + make_interval(secs => %s), 0, '', clock_timestamp())",
-            [job_id, attempt, domain_key, queue, delay_seconds],
-        )
-    JobEvent.objects.create(
-        job_id=job_id,
-        attempt=from_attempt,
-        kind=kind,
-        reason=reason,
-        data={"next_attempt": attempt, "delay_seconds": delay_seconds},
-    )
-    return attempt
 
 
 __all__ = ["JobSpec", "JobStatus", "redispatch", "submit", "submit_many"]

@@ -23,29 +23,12 @@ from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
+from dispatch_app.transitions import finish, redispatch, start
 
 log = logging.getLogger("dispatch_app.worker")
 
-# The worker names itself for the attempt history's trigger (history_triggers.WORKER_SETTING) in the
-# same statement: set_config(..., true) lasts for this statement's implicit transaction only.
-START_SQL = """
-UPDATE dispatch_app_job
-SET status = 'running', started_at = clock_timestamp(),
-    dispatched_at = COALESCE(dispatched_at, clock_timestamp())
-FROM (SELECT set_config('productflow.worker', %s, true)) AS w
-WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
-RETURNING payload, trace_context, started_at
-"""
-
 # Job.error: "<module.ExceptionClass>: <message>", a blank line, the traceback; at most this long.
 ERROR_MAX_CHARS = 8000
-
-FINISH_SQL = """
-UPDATE dispatch_app_job
-SET status = %s, finished_at = clock_timestamp(), result = %s, error = %s
-WHERE id = %s AND attempt = %s AND status = 'running'
-"""
-
 
 @dataclass
 class WorkContext:
@@ -87,11 +70,10 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     """
     from psycopg.types.json import Jsonb
 
-    params = [status, Jsonb(result) if result is not None else None, error[:ERROR_MAX_CHARS], job_id, attempt]
+    value = Jsonb(result) if result is not None else None
 
     def run(cursor, retry: bool) -> bool:
-        cursor.execute(FINISH_SQL, params)
-        return cursor.rowcount == 1
+        return finish(cursor, job_id, attempt, status, value, error[:ERROR_MAX_CHARS])
 
     return once_more_on_fresh_connection(
         run,
@@ -171,8 +153,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     domain = get_domain(domain_key)
     # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
     with connection.cursor() as cursor:
-        cursor.execute(START_SQL, [_worker_name(), job_id, attempt])
-        row = cursor.fetchone()
+        row = start(cursor, _worker_name(), job_id, attempt)
     if row is None:
         JobEvent.objects.create(
             job_id=job_id,
@@ -238,7 +219,6 @@ def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: 
     the job to recovery (which asks, within VENDOR_EVIDENCE_TRUST_SECONDS), any
     other is outcome_unknown at once.
     """
-    from dispatch_app.outbox import redispatch
     from dispatch_app.recovery.policy import resolve
     from dispatch_app.vendor_calls import VendorCallInDoubt
 

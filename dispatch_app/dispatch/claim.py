@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from dispatch_app import tracing
+from dispatch_app import tracing, transitions
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
@@ -106,14 +106,8 @@ WITH marked AS (
            )::float8 AS latency
     FROM marked m LEFT JOIN {ATTEMPT} a ON a.job_id = m.job_id AND a.attempt = m.attempt
 ), jobs AS (
-    -- Never backwards: a worker may already have started (or finished) the job.
-    UPDATE {JOB} j
-    SET status = CASE WHEN j.status = 'submitted' THEN 'queued' ELSE j.status END,
-        dispatched_at = COALESCE(j.dispatched_at, clock_timestamp())
-    FROM marked m
-    WHERE j.id = m.job_id AND j.attempt = m.attempt
-      AND (j.status = 'submitted' OR j.dispatched_at IS NULL)
-    RETURNING j.id
+    -- submitted -> queued (dispatch_app.transitions owns the job's side)
+    {transitions.MARK_QUEUED_CTE}
 )
 SELECT (SELECT count(*) FROM marked), (SELECT array_agg(latency) FROM waits) FROM {ASYNC_COMMIT}
 """
@@ -149,12 +143,8 @@ WITH failed AS (
     WHERE e.id = ANY(%(ids)s) AND e.lease_token = %(token)s AND e.status = 'pending'
     RETURNING e.id, e.job_id, e.attempt, e.status, e.send_attempts
 ), dead_jobs AS (
-    UPDATE {JOB} j
-    SET status = 'failed', finished_at = clock_timestamp(),
-        error = 'dispatch failed: ' || left(%(error)s, 2000)
-    FROM failed f
-    WHERE f.status = 'dead' AND j.id = f.job_id AND j.attempt = f.attempt AND j.status = 'submitted'
-    RETURNING j.id
+    -- submitted -> failed (dispatch_app.transitions owns the job's side)
+    {transitions.DEAD_LETTER_CTE}
 ), events AS (
     INSERT INTO dispatch_app_jobevent (job_id, attempt, kind, reason, data, at)
     SELECT f.job_id, f.attempt, CASE WHEN f.status = 'dead' THEN 'envelope_dead' ELSE 'send_failed' END,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from dispatch_app import outbox, vendor_calls
+from dispatch_app import transitions, vendor_calls
 from dispatch_app.conf import NOTIFY_CHANNEL
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
@@ -101,7 +101,7 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
             # A failed job whose envelope is still pending cannot be (the dead-letter path closes both);
             # refuse rather than put two envelopes of one job in flight.
             return Outcome(False, f"job {job_id} is {status} with envelope {pending[0]} still pending; not retried")
-        new_attempt = outbox.redispatch(
+        new_attempt = transitions.redispatch(
             job_id,
             attempt,
             kind="operator_redispatch",
@@ -110,7 +110,7 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
         )
         abandoned = 0
         if new_attempt is not None and status in RETRYABLE_FINISHED:
-            cursor.execute(f"UPDATE {JOB} SET finished_at = NULL, result = NULL WHERE id = %s", [job_id])
+            transitions.reopen(cursor, job_id)
         if new_attempt is not None:
             # The operator confirmed a retry knowing the vendor calls in doubt (the confirmation page names them):
             # they count as not taken effect, or the new attempt would stop at the same call in doubt again.
@@ -135,9 +135,8 @@ WITH env AS (
     WHERE id = %(id)s AND status = 'dead'
     RETURNING id, job_id, attempt, last_error
 ), job AS (
-    UPDATE {JOB} j SET status = 'submitted', finished_at = NULL, error = ''
-    FROM env WHERE j.id = env.job_id AND j.attempt = env.attempt AND j.status IN ('failed', 'submitted')
-    RETURNING j.id
+    -- failed | submitted -> submitted, same attempt (dispatch_app.transitions owns the job's side)
+    {transitions.REARM_CTE}
 )
 SELECT env.job_id, env.attempt, env.last_error, (SELECT count(*) FROM job) FROM env
 """
@@ -179,13 +178,7 @@ def cancel_job(job_id: int, *, user=None, reason: str = "") -> Outcome:
     """An unfinished job becomes cancelled. A pending envelope may still be sent: the worker's start
     compare-and-set (submitted/queued -> running) refuses a cancelled job, so nothing runs."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {JOB} SET status = 'cancelled', finished_at = clock_timestamp() "
-            "WHERE id = %s AND status IN ('submitted', 'queued', 'running') RETURNING attempt, "
-            "(SELECT status FROM dispatch_app_job WHERE id = %s)",
-            [job_id, job_id],
-        )
-        row = cursor.fetchone()
+        row = transitions.cancel(cursor, job_id)
         if row is None:
             return Outcome(False, f"job {job_id} is already finished; not cancelled")
         attempt, previous = row

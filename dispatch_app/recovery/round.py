@@ -26,9 +26,8 @@ from dataclasses import asdict, dataclass, field
 import redis
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from dispatch_app import failpoints
+from dispatch_app import failpoints, transitions
 from dispatch_app.models import JobEvent, RecoveryRound
-from dispatch_app.outbox import redispatch
 from dispatch_app.recovery import decide as decisions
 from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.decide import Decision, JobState
@@ -42,7 +41,7 @@ ROUND_FATAL = (OperationalError, InterfaceError, redis.ConnectionError, redis.Ti
 # Advisory locks are keyed (namespace, hashtext(domain)); the namespace keeps ours apart.
 LOCK_NAMESPACE = 0x5046_5231  # "PFR1"
 
-# The history's event kinds; a re-dispatch is recorded by outbox.redispatch with the same reason.
+# The history's event kinds; a re-dispatch is recorded by transitions.redispatch with the same reason.
 EVENT_KINDS = {
     decisions.REDISPATCH: "recovery_redispatch",
     decisions.LEAVE_ALONE: "recovery_leave_alone",
@@ -50,10 +49,6 @@ EVENT_KINDS = {
     decisions.FAIL: "recovery_fail",
 }
 
-FINISH_SQL = """
-UPDATE dispatch_app_job SET status = %s, finished_at = clock_timestamp(), error = %s
-WHERE id = %s AND attempt = %s AND status = %s
-"""
 # What the vendor said about a ledger call in doubt, written with the action that relies on it.
 SETTLE_SQL = """
 UPDATE dispatch_app_vendorcall SET status = %s, error = %s, finished_at = clock_timestamp()
@@ -337,7 +332,7 @@ class Round:
                     cursor.execute(SETTLE_SQL, [status, note, call_id, state.job_id])
         if kind == decisions.REDISPATCH:
             # Through the outbox: a new envelope for the next attempt, whose NOTIFY wakes dispatch on commit.
-            redispatch(
+            transitions.redispatch(
                 state.job_id,
                 state.attempt,
                 kind=EVENT_KINDS[kind],
@@ -352,7 +347,7 @@ class Round:
                 result.left_alone += 1
             else:
                 status = "outcome_unknown" if kind == decisions.OUTCOME_UNKNOWN else "failed"
-                cursor.execute(FINISH_SQL, [status, decision.reason[:4000], state.job_id, state.attempt, state.status])
+                transitions.conclude(cursor, state.job_id, state.attempt, state.status, status, decision.reason[:4000])
                 if kind == decisions.OUTCOME_UNKNOWN:
                     result.unknown += 1
                 else:

@@ -11,8 +11,9 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.models import DispatchEnvelope, Job, JobAttempt
 from dispatch_app.ops import actions
-from dispatch_app.outbox import redispatch, submit
+from dispatch_app.outbox import submit
 from dispatch_app.providers import LocalProvider, set_provider
+from dispatch_app.transitions import redispatch
 from dispatch_app.worker import execute
 from tests.factories import PAYLOADS
 from tests.integration.opsdata import sql

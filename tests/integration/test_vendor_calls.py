@@ -251,7 +251,7 @@ def test_candidates_that_raise_are_backed_off_so_the_27th_is_handled(redis_conn,
 def test_an_operator_can_abandon_the_calls_in_doubt_so_a_retry_makes_them_again(make_provider):
     from django.db import transaction
 
-    from dispatch_app.outbox import redispatch
+    from dispatch_app.transitions import redispatch
 
     provider = make_provider(latency_ms=400, timeout=0.05)
     job = submit("agent", {"goal": "caption", "max_steps": 2})

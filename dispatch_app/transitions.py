@@ -1,0 +1,194 @@
+"""The job's state machine: every statement that moves a job from one status to another.
+
+::
+
+    (submit) -> submitted --mark_queued--> queued --start--> running --finish--> succeeded | failed | outcome_unknown
+                submitted --dead_letter--> failed            (its envelope could never be sent)
+    submitted | queued | running --conclude--> outcome_unknown | failed   (recovery's verdict)
+    submitted | queued | running --cancel--> cancelled       (operator)
+    <allowed> --redispatch--> submitted, attempt + 1         (worker retry, recovery, operator)
+    failed | submitted --rearm--> submitted, same attempt    (operator re-arms a dead envelope)
+
+Every move is a compare-and-set in its WHERE clause on (job, attempt, status):
+a move whose precondition no longer holds changes nothing and says so (no
+row), so two processes racing over one job never both win. Under READ
+COMMITTED a blocked UPDATE re-checks its WHERE on the row's newest version,
+which is what makes the guard hold across concurrent transactions.
+
+The statements run on the caller's cursor, inside the caller's transaction
+(or as the caller's one autocommit statement): moving them here changed no SQL
+and no round trip (tests/integration/test_worker_cost.py pins the worker's two).
+The ``*_CTE`` pieces are parts of the dispatcher's envelope statements, named
+here so the job's side of those statements is owned here too; they read the
+CTE named in their comment.
+
+The job's creation (``submitted``, attempt 1) is the outbox write, dispatch_app.outbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from dispatch_app.domains import get_domain
+from dispatch_app.models import JobEvent
+
+JOB = "dispatch_app_job"
+UNFINISHED = ("submitted", "queued", "running")
+FINISHED_BY_WORKER = ("succeeded", "failed", "outcome_unknown")
+CONCLUDED_BY_RECOVERY = ("outcome_unknown", "failed")
+TERMINAL = ("succeeded", "failed", "outcome_unknown", "cancelled")
+
+
+class IllegalTransition(ValueError):
+    """A move asked for a target status it can never produce (a bug in the caller, not a race)."""
+
+
+# submitted -> queued, when the dispatcher marks its envelopes dispatched. Reads ``marked(job_id, attempt)``.
+# Never backwards: a worker may already have started (or finished) the job.
+MARK_QUEUED_CTE = f"""UPDATE {JOB} j
+    SET status = CASE WHEN j.status = 'submitted' THEN 'queued' ELSE j.status END,
+        dispatched_at = COALESCE(j.dispatched_at, clock_timestamp())
+    FROM marked m
+    WHERE j.id = m.job_id AND j.attempt = m.attempt
+      AND (j.status = 'submitted' OR j.dispatched_at IS NULL)
+    RETURNING j.id"""
+
+# submitted -> failed, when the envelope of the job's current attempt is dead-lettered.
+# Reads ``failed(job_id, attempt, status)`` and the parameter %(error)s.
+DEAD_LETTER_CTE = f"""UPDATE {JOB} j
+    SET status = 'failed', finished_at = clock_timestamp(),
+        error = 'dispatch failed: ' || left(%(error)s, 2000)
+    FROM failed f
+    WHERE f.status = 'dead' AND j.id = f.job_id AND j.attempt = f.attempt AND j.status = 'submitted'
+    RETURNING j.id"""
+
+# submitted | queued -> running. ``submitted`` too: a worker can pick the job up before the dispatcher's
+# mark commits. The worker names itself for the attempt history's trigger (history_triggers.WORKER_SETTING)
+# in the same statement: set_config(..., true) lasts for this statement's implicit transaction only.
+START_SQL = f"""
+UPDATE {JOB}
+SET status = 'running', started_at = clock_timestamp(),
+    dispatched_at = COALESCE(dispatched_at, clock_timestamp())
+FROM (SELECT set_config('productflow.worker', %s, true)) AS w
+WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
+RETURNING payload, trace_context, started_at
+"""
+
+# running -> succeeded | failed | outcome_unknown: the worker's outcome for its own attempt.
+FINISH_SQL = f"""
+UPDATE {JOB}
+SET status = %s, finished_at = clock_timestamp(), result = %s, error = %s
+WHERE id = %s AND attempt = %s AND status = 'running'
+"""
+
+# <status recovery saw> -> outcome_unknown | failed: recovery's verdict on an interrupted attempt.
+CONCLUDE_SQL = f"""
+UPDATE {JOB} SET status = %s, finished_at = clock_timestamp(), error = %s
+WHERE id = %s AND attempt = %s AND status = %s
+"""
+
+# <allowed> -> submitted with the next attempt; its envelope follows (REDISPATCH_ENVELOPE_SQL).
+REDISPATCH_SQL = (
+    f"UPDATE {JOB} SET attempt = attempt + 1, status = 'submitted', error = '', "
+    "vendor_request_id = '', started_at = NULL "
+    "WHERE id = %s AND attempt = %s AND status = ANY(%s) RETURNING attempt, domain"
+)
+REDISPATCH_ENVELOPE_SQL = (
+    "INSERT INTO dispatch_app_dispatchenvelope "
+    "(job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, created_at) "
+    "VALUES (%s, %s, %s, %s, 'pending', "
+    "clock_timestamp() + make_interval(secs => %s), 0, '', clock_timestamp())"
+)
+# A finished job an operator re-dispatched is unfinished again: its old outcome goes.
+REOPEN_SQL = f"UPDATE {JOB} SET finished_at = NULL, result = NULL WHERE id = %s"
+
+# submitted | queued | running -> cancelled; returns the attempt and the status it had.
+CANCEL_SQL = (
+    f"UPDATE {JOB} SET status = 'cancelled', finished_at = clock_timestamp() "
+    "WHERE id = %s AND status IN ('submitted', 'queued', 'running') RETURNING attempt, "
+    "(SELECT status FROM dispatch_app_job WHERE id = %s)"
+)
+
+# failed | submitted -> submitted, same attempt: its dead envelope is re-armed. Reads ``env(job_id, attempt)``.
+REARM_CTE = f"""UPDATE {JOB} j SET status = 'submitted', finished_at = NULL, error = ''
+    FROM env WHERE j.id = env.job_id AND j.attempt = env.attempt AND j.status IN ('failed', 'submitted')
+    RETURNING j.id"""
+
+
+def start(cursor, worker: str, job_id: int, attempt: int) -> tuple | None:
+    """submitted/queued -> running: (payload, trace_context, started_at), or None if not startable.
+
+    jsonb comes back as the driver returns it on a raw cursor (maybe undecoded text).
+    """
+    cursor.execute(START_SQL, [worker, job_id, attempt])
+    return cursor.fetchone()
+
+
+def finish(cursor, job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
+    """running -> ``status``; False when this attempt is no longer running (recovered, cancelled, finished).
+
+    ``result``: an adapted value (psycopg ``Jsonb``) or None.
+    """
+    if status not in FINISHED_BY_WORKER:
+        raise IllegalTransition(f"a worker finishes a job as one of {', '.join(FINISHED_BY_WORKER)}, not {status!r}")
+    cursor.execute(FINISH_SQL, [status, result, error, job_id, attempt])
+    return cursor.rowcount == 1
+
+
+def conclude(cursor, job_id: int, attempt: int, seen_status: str, status: str, error: str) -> bool:
+    """``seen_status`` -> ``status`` (recovery); False when the job moved since recovery looked."""
+    if status not in CONCLUDED_BY_RECOVERY:
+        allowed = ", ".join(CONCLUDED_BY_RECOVERY)
+        raise IllegalTransition(f"recovery concludes a job as one of {allowed}, not {status!r}")
+    if seen_status not in UNFINISHED:
+        raise IllegalTransition(f"recovery concludes only an unfinished job, not a {seen_status!r} one")
+    cursor.execute(CONCLUDE_SQL, [status, error, job_id, attempt, seen_status])
+    return cursor.rowcount == 1
+
+
+def cancel(cursor, job_id: int) -> tuple[int, str] | None:
+    """An unfinished job -> cancelled: (attempt, previous status), or None when it had already finished."""
+    cursor.execute(CANCEL_SQL, [job_id, job_id])
+    return cursor.fetchone()
+
+
+def reopen(cursor, job_id: int) -> None:
+    """Clear the outcome of a finished job an operator just re-dispatched (same transaction)."""
+    cursor.execute(REOPEN_SQL, [job_id])
+
+
+def redispatch(
+    job_id: int,
+    from_attempt: int,
+    *,
+    kind: str,
+    reason: str,
+    delay_seconds: float = 0.0,
+    allowed_statuses: tuple[str, ...] = UNFINISHED,
+) -> int | None:
+    """Start the next attempt of a job through the outbox (new envelope, NOTIFY on commit).
+
+    Compare-and-set on (attempt, status): returns the new attempt, or None when
+    the job has moved on since the caller looked. Must run inside a transaction.
+    """
+    assert connection.in_atomic_block, "redispatch must run inside the caller's transaction"
+    if "cancelled" in allowed_statuses or "succeeded" in allowed_statuses:
+        raise IllegalTransition(f"a succeeded or cancelled job is never re-dispatched (asked: {allowed_statuses})")
+    with connection.cursor() as cursor:
+        cursor.execute(REDISPATCH_SQL, [job_id, from_attempt, list(allowed_statuses)])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        attempt, domain_key = row
+        queue = get_domain(domain_key).queue
+        cursor.execute(REDISPATCH_ENVELOPE_SQL, [job_id, attempt, domain_key, queue, delay_seconds])
+    JobEvent.objects.create(
+        job_id=job_id,
+        attempt=from_attempt,
+        kind=kind,
+        reason=reason,
+        data={"next_attempt": attempt, "delay_seconds": delay_seconds},
+    )
+    return attempt
