@@ -19,6 +19,9 @@ from tests.factories import PAYLOADS
 from tests.helpers import MANAGE, PYTHON, wait_until
 from tests.integration.recovery_helpers import dispatch_now, policy, snapshot, statuses, zero_thresholds
 
+# The shipped domains, in registry order (the task queue's domain has no demo payload).
+SHIPPED = list(PAYLOADS)
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 SAFETY = 60
 
@@ -37,7 +40,7 @@ def by_domain(proc) -> dict:
 @pytest.fixture
 def lost_jobs(redis_conn):
     """One job per domain, dispatched, then lost with Redis."""
-    jobs = [submit(domain, PAYLOADS[domain]) for domain in domain_keys()]
+    jobs = [submit(domain, PAYLOADS[domain]) for domain in SHIPPED]
     dispatch_now()
     redis_conn.flushdb()
     return jobs
@@ -64,7 +67,7 @@ def test_recovery_runs_before_the_dispatch_drain(subprocess_env, redis_conn, los
     summary = json.loads(proc.stdout)
     assert all(row["status"] == "ok" and row["redispatched"] == 1 for row in summary["domains"])
     # What recovery re-dispatched was sent by the drain that followed it in the same run.
-    assert summary["dispatch"]["dispatched"] == len(domain_keys())
+    assert summary["dispatch"]["dispatched"] == len(SHIPPED)
     assert statuses(lost_jobs) == {job.pk: ("queued", 2) for job in lost_jobs}
     assert set(DispatchEnvelope.objects.filter(attempt=2).values_list("status", flat=True)) == {"dispatched"}
     assert all(redis_conn.exists(f"rq:job:{rq_job_id(job.pk, 2)}") for job in lost_jobs)
@@ -76,8 +79,8 @@ def test_a_failing_domain_does_not_stop_the_others(subprocess_env, lost_jobs):
     assert proc.returncode == 1, proc.stderr
     rows = by_domain(proc)
     assert rows["agent"]["status"] == "failed" and "failpoint recovery_round_agent" in rows["agent"]["error"]
-    assert all(rows[d]["status"] == "ok" and rows[d]["redispatched"] == 1 for d in domain_keys() if d != "agent")
-    assert json.loads(proc.stdout)["dispatch"]["dispatched"] == len(domain_keys()) - 1
+    assert all(rows[d]["status"] == "ok" and rows[d]["redispatched"] == 1 for d in SHIPPED if d != "agent")
+    assert json.loads(proc.stdout)["dispatch"]["dispatched"] == len(SHIPPED) - 1
     expected = {job.pk: ("queued", 1) if job.domain == "agent" else ("queued", 2) for job in lost_jobs}
     assert statuses(lost_jobs) == expected
     assert "recovery failed for: agent" in proc.stderr
@@ -93,7 +96,7 @@ def test_table_output_names_every_domain(subprocess_env, lost_jobs):
 
 
 def test_dry_run_prints_decisions_and_leaves_every_row_as_it_was(subprocess_env, redis_conn, lost_jobs):
-    running = Job.objects.get(pk=lost_jobs[domain_keys().index("agent")].pk)
+    running = Job.objects.get(pk=lost_jobs[SHIPPED.index("agent")].pk)
     Job.objects.filter(pk=running.pk).update(status="running")
     # It died inside a tool call: recorded in the vendor-call ledger, and agent tools cannot be asked.
     vendor_calls.record(running.pk, running.attempt, 0, "agent-step-0", "local-agent-step")
@@ -105,7 +108,7 @@ def test_dry_run_prints_decisions_and_leaves_every_row_as_it_was(subprocess_env,
     assert snapshot() == before
     assert sorted(redis_conn.keys("*")) == redis_before
     lines = {line.split()[0] + ":" + line.split()[2]: line for line in proc.stdout.splitlines() if " job " in line}
-    delivery = lines[f"delivery:{lost_jobs[domain_keys().index('delivery')].pk}"]
+    delivery = lines[f"delivery:{lost_jobs[SHIPPED.index('delivery')].pk}"]
     assert "redispatch" in delivery and "RQ job is missing" in delivery
     agent = lines[f"agent:{running.pk}"]
     assert "outcome_unknown" in agent and "agent-step-0" in agent and "cannot be asked" in agent
@@ -141,7 +144,7 @@ def test_two_processes_never_run_a_round_of_the_same_domain_at_once(subprocess_e
     assert rows["workflow"]["status"] == "ok" and rows["workflow"]["redispatched"] == 1
     # The held round (this process) did the delivery job, once, after the child's drain had run.
     assert outcome["round"].redispatched == 1
-    delivery = lost_jobs[domain_keys().index("delivery")]
+    delivery = lost_jobs[SHIPPED.index("delivery")]
     assert statuses([delivery]) == {delivery.pk: ("submitted", 2)}
     assert DispatchEnvelope.objects.filter(job=delivery).count() == 2
 
@@ -156,7 +159,7 @@ def test_rundispatcher_runs_the_recovery_loops(subprocess_env, redis_conn, lost_
         text=True,
     )
     try:
-        delivery = lost_jobs[domain_keys().index("delivery")]
+        delivery = lost_jobs[SHIPPED.index("delivery")]
         wait_until(lambda: statuses([delivery])[delivery.pk] == ("queued", 2), SAFETY, message="recovered and sent")
         assert redis_conn.exists(f"rq:job:{rq_job_id(delivery.pk, 2)}")
         assert set(RecoveryRound.objects.values_list("domain", flat=True)) == {"delivery", "agent"}
@@ -165,5 +168,5 @@ def test_rundispatcher_runs_the_recovery_loops(subprocess_env, redis_conn, lost_
         output, _ = proc.communicate(timeout=SAFETY)
     assert proc.returncode == 0, output
     assert "recovery-delivery" in output and "recovery-agent" in output
-    workflow = lost_jobs[domain_keys().index("workflow")]
+    workflow = lost_jobs[SHIPPED.index("workflow")]
     assert statuses([workflow]) == {workflow.pk: ("queued", 1)}  # not one of this process's domains

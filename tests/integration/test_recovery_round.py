@@ -7,7 +7,6 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from dispatch_app import submit, vendor_calls
-from dispatch_app.domains import domain_keys
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent, RecoveryRound
 from dispatch_app.providers import LocalProvider, set_provider
 from dispatch_app.recovery.discovery import Discovery
@@ -40,7 +39,7 @@ def events(job, kind_prefix="recovery_"):
 
 
 def test_redis_flushed_after_dispatch_every_unfinished_job_is_redispatched_then_runs(redis_conn, provider):
-    jobs = [submit(domain, PAYLOADS[domain]) for domain in domain_keys() for _ in range(2)]
+    jobs = [submit(domain, PAYLOADS[domain]) for domain in PAYLOADS for _ in range(2)]
     done = submit("delivery", PAYLOADS["delivery"])
     cancelled = submit("workflow", PAYLOADS["workflow"])
     dispatch_now()
@@ -50,7 +49,7 @@ def test_redis_flushed_after_dispatch_every_unfinished_job_is_redispatched_then_
 
     redis_conn.flushdb()  # Redis lost everything (the test database only)
 
-    for domain in domain_keys():
+    for domain in PAYLOADS:
         result = Round(policy(domain), redis=redis_conn, provider=provider).run_once()
         assert result.ok and result.ran
         assert (result.scanned, result.redispatched) == (2, 2), result
@@ -249,12 +248,12 @@ def test_redispatch_rate_cap_defers_the_rest_to_the_next_round(redis_conn, provi
 
 
 def test_dry_run_decides_but_changes_nothing(redis_conn, provider):
-    for domain in domain_keys():
+    for domain in PAYLOADS:
         submit(domain, PAYLOADS[domain])
     dispatch_now()
     redis_conn.flushdb()
     before = snapshot()
-    for domain in domain_keys():
+    for domain in PAYLOADS:
         result = Round(policy(domain), redis=redis_conn, provider=provider, dry_run=True).run_once()
         assert [(c.decision, c.outcome) for c in result.candidates] == [("redispatch", "would")]
         assert result.round_id is None
