@@ -38,18 +38,13 @@ class OutboxBackend(BaseTaskBackend):
 
     def validate_task(self, task) -> None:
         super().validate_task(task)
-        queue_safe = self.policies[task.queue_name].retry_safe
-        task_safe = declare.declares_retry_safe(task.func)
-        if queue_safe and not task_safe:
+        # A retry-safe task may run on any queue (where it is not re-run, it is merely treated with more care);
+        # a task that never said so may not run on a queue that re-runs interrupted work.
+        if self.policies[task.queue_name].retry_safe and not declare.declares_retry_safe(task.func):
             raise InvalidTask(
                 f"Task {task.module_path} is not declared retry-safe, but queue {task.queue_name!r} re-runs "
                 "interrupted tasks (OPTIONS['QUEUES'][...]['RETRY_SAFE']): mark it @retry_safe "
                 "(dispatch_app.tasks) or put it on a queue that is not retry-safe."
-            )
-        if task_safe and not queue_safe:
-            raise InvalidTask(
-                f"Task {task.module_path} is declared @retry_safe, but queue {task.queue_name!r} is not "
-                "(an interrupted run would become outcome_unknown): put it on a queue with RETRY_SAFE: True."
             )
 
     def enqueue(self, task, args, kwargs) -> TaskResult:

@@ -7,14 +7,14 @@ Both expose the same classes; only the exception names and the home of
 from __future__ import annotations
 
 try:  # Django 6.0+
-    from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task, task_backends
+    from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, default_task_backend, task, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import DEFAULT_TASK_QUEUE_NAME, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 except ImportError:  # Django 5.2: the backport (requirements/base.txt pins it for Python < 3.12)
-    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus, default_task_backend, task, task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import DEFAULT_TASK_QUEUE_NAME, Task, TaskError
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
@@ -32,6 +32,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "default_task_backend",
     "normalize_json",
     "task",
     "task_backends",

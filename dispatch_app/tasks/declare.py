@@ -10,12 +10,13 @@ is a domain of the same name, with its own recovery policy from the backend's
         "OPTIONS": {"QUEUES": {"emails": {"RETRY_SAFE": True, "MAX_ATTEMPTS": 5}}},
     }}
 
-Retry safety is declared twice on purpose, and both must agree (the backend's
-``validate_task`` refuses a mismatch when the task is defined): the queue says
-what recovery does with an interrupted run (``RETRY_SAFE``, default False: the
-job becomes ``outcome_unknown``), the task says it can bear that (``@retry_safe``
-under ``@task``). A task that never said so cannot land on a queue that re-runs
-interrupted work, and a retry-safe task is not silently parked on one that does not.
+Retry safety is declared twice on purpose: the queue says what recovery does
+with an interrupted run (``RETRY_SAFE``, default False: the job becomes
+``outcome_unknown``), the task says it can bear a second run (``@retry_safe``
+under ``@task``). The backend's ``validate_task`` (run when the task is defined
+and when it is enqueued) refuses a task that never said so on a queue that
+re-runs interrupted work; a retry-safe task on a queue that is not is simply
+never re-run after an interruption (the safe side).
 
 The domain registry (``dispatch_app.domains.registry``) calls ``task_domains()``.
 Nothing here imports models or the worker.
@@ -75,7 +76,7 @@ def _int(where: str, value: Any) -> int:
 def retry_safe(func: Callable) -> Callable:
     """Declare a task function safe to run again after an interruption (put it under ``@task``).
 
-    Only tasks on a queue with ``RETRY_SAFE: True`` may carry it, and only they may run there.
+    Only tasks that carry it may run on a queue with ``RETRY_SAFE: True``.
     """
     if not callable(func) or hasattr(func, "func"):
         raise TypeError("@retry_safe goes under @task(...), on the function itself")
