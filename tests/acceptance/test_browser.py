@@ -223,9 +223,19 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         browser.get(f"{live_server.url}/admin/dispatch_app/job/{backlog[-1].pk}/timeline/")
         assert _text(browser, "pf-rq-position") == "6"
         assert _text(browser, "pf-rq-workers") == "0 live workers serve it"
+        browser.get(f"{live_server.url}/admin/dispatch_app/job/?domain__exact=delivery&stage=rq")
+        rq_side = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#result_list td.field-rq_side")]
+        assert rq_side == [f"#{n} of 6 in delivery, 0 live workers" for n in range(6, 0, -1)]  # newest first
 
-        # 2. A worker killed with SIGKILL in the middle of a job (a vendor call that takes minutes).
-        workers.start("agent", DISPATCH_PROVIDER_LATENCY_MS="300000", DISPATCH_PROVIDER_TIMEOUT="600")
+        # 2. A worker on another host killed with SIGKILL in the middle of a job (a vendor call that takes
+        #    minutes). No pid check reaches another host and its hash is kept (RQ's own workers keep theirs for
+        #    minutes): only the heartbeat it stopped writing can tell, within 2.5 of its periods.
+        workers.start(
+            "agent",
+            DISPATCH_PROVIDER_LATENCY_MS="300000",
+            DISPATCH_PROVIDER_TIMEOUT="600",
+            DISPATCH_WORKER_HEARTBEAT_INTERVAL="2",
+        )
         (stuck,) = submit_many([("agent", PAYLOADS["agent"])])
         assert _dispatch_all() == 1
         wait_until(
@@ -233,14 +243,24 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         )
         state = rqside.job_state(stuck.pk, 1, "agent")
         victim = state.worker or next(w.name for w in _live_workers("agent"))
-        pid = rqside.read_workers(rqside.redis_conn(), [victim])[victim].pid
+        conn, key = rqside.redis_conn("agent"), rqside.WORKER_PREFIX + victim
+        conn.hset(key, "hostname", "other-host")
+        running = f"{live_server.url}/admin/dispatch_app/job/?domain__exact=agent&status__exact=running"
+        browser.get(running)
+        assert _text(browser, "result_list").count(f"{victim}: alive") == 1
+        pid = rqside.read_workers(conn, [victim])[victim].pid
         os.kill(pid, signal.SIGKILL)
         # The signal lands asynchronously: wait (bounded) until the process is gone or a zombie, then look.
         wait_until(lambda: not rqside.pid_alive(pid), 10, message=f"worker pid {pid} to die")
+        conn.persist(key)
+        WebDriverWait(browser, 30).until(
+            lambda b: b.refresh() or f"{victim}: not alive since" in b.find_element(By.ID, "result_list").text
+        )
         browser.get(f"{live_server.url}/admin/dispatch_app/job/{stuck.pk}/timeline/")
         assert _text(browser, "pf-stage") == "worker"
         where = _text(browser, "pf-rq-state")
-        assert f"Its worker {victim} is DEAD" in where and "last sign of life" in where, where
+        assert f"Its worker {victim} is DEAD, not alive since " in where and "no heartbeat for" in where, where
+        assert "(it beats every 2 s)" in where
 
         # 3. A failure burst: a worker comes for the delivery backlog, and the vendor fails every call.
         #    The dashboard, left open, shows it without a reload.
@@ -263,7 +283,25 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
             lambda: [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#pf-banners [data-key=no-worker]")]
         )
         assert not [text for text in no_worker if text.startswith("delivery:")]
-        assert "DEAD" in _text(browser, "pf-workers")
+        assert f"{victim} other-host" in _text(browser, "pf-workers").replace(" /", "")
+        assert "DEAD, not alive since" in _text(browser, "pf-workers")
+        # The hour's chart of the domain: its dispatches and failures, minute by minute (bar titles).
+        bars = _fresh(
+            lambda: [
+                e.get_attribute("textContent")
+                for e in browser.find_elements(By.CSS_SELECTOR, "#pf-chart-delivery svg rect title")
+            ]
+        )
+        counted = {"dispatched": 0, "failed": 0}
+        for title in bars:
+            count, what = title.split(": ")[1].split(" ", 1)
+            counted[what] += int(count)
+        assert counted == {"dispatched": 6, "failed": 6}, bars
+        assert _fresh(
+            lambda: browser.find_elements(
+                By.CSS_SELECTOR, "#pf-chart-delivery svg polyline, #pf-chart-delivery svg circle"
+            )
+        )  # finished, p95 waits
         # The README's screenshot is refreshed only on request (PRODUCTFLOW_SCREENSHOTS=1), so a test run leaves
         # the tree clean; the admin's side bar is folded away and the window made tall enough for the tables.
         out = (ROOT / "docs" / "img" if os.environ.get("PRODUCTFLOW_SCREENSHOTS") else tmp_path) / "dashboard.png"
