@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from dispatch_app import redis_servers
 from dispatch_app.domains.base import DEFAULT_TASK_PREFIX, Domain, Field, RecoveryPolicy
 
 DEFAULT_DOMAINS: tuple[str, ...] = (
@@ -122,7 +123,10 @@ def _resolve(path: object) -> list[Domain]:
 
 
 def _task_domains() -> list[Domain]:
-    """The django.tasks queues' domains (dispatch_app.tasks, when installed)."""
+    """The django.tasks queues' domains (dispatch_app.tasks, when installed).
+
+    Imported at the first read, not at the top: that module declares Domains, so it imports this package.
+    """
     try:
         from dispatch_app.tasks.declare import task_domains
     except ImportError as exc:
@@ -155,14 +159,8 @@ def _load() -> dict[str, Domain]:
             _domains = loaded
         finally:
             _loading = False
-        _ensure_rq_queues(tuple(dict.fromkeys(d.queue for d in loaded.values())))
+        redis_servers.add_queue_entries(tuple(dict.fromkeys(d.queue for d in loaded.values())))
         return _domains
-
-
-def _ensure_rq_queues(queues: tuple[str, ...]) -> None:
-    from dispatch_app import redis_servers
-
-    redis_servers.add_queue_entries(queues)
 
 
 def reset() -> None:
