@@ -1,0 +1,166 @@
+"""dispatch_app.transitions: each move is a compare-and-set that refuses a job not in its from-state, and of two
+concurrent transactions moving one job only one wins (the loser, blocked on the row, re-checks and finds it moved)."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+from psycopg.types.json import Jsonb
+
+from dispatch_app import submit, transitions
+from dispatch_app.dispatch.listener import listener_conninfo
+from dispatch_app.models import DispatchEnvelope, Job
+from dispatch_app.transitions import IllegalTransition
+from tests.factories import PAYLOADS
+from tests.helpers import wait_until
+from tests.integration.recovery_helpers import dispatch_now, other_connection
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SAFETY = 30
+
+
+def status(job) -> tuple[str, int]:
+    return tuple(Job.objects.filter(pk=job.pk).values_list("status", "attempt").get())
+
+
+def waiting_on_a_lock(pid: int) -> bool:
+    with other_connection() as probe:
+        row = probe.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+class Blocked:
+    """Runs ``move(cursor)`` on its own autocommit session in a thread; ``pid`` is known before it runs."""
+
+    def __init__(self, move):
+        self.session = psycopg.connect(**listener_conninfo(), autocommit=True)
+        self.pid = self.session.info.backend_pid
+        self.result = None
+        self.thread = threading.Thread(target=self._run, args=(move,))
+        self.thread.start()
+
+    def _run(self, move):
+        with self.session.cursor() as cursor:
+            self.result = move(cursor)
+
+    def outcome(self):
+        self.thread.join(SAFETY)
+        assert not self.thread.is_alive()
+        self.session.close()
+        return self.result
+
+
+def test_finish_refuses_a_job_that_is_not_running(redis_conn):
+    job = submit("delivery", PAYLOADS["delivery"])
+    with connection.cursor() as cursor:
+        assert transitions.finish(cursor, job.pk, 1, "succeeded", Jsonb({"x": 1})) is False
+        assert status(job) == ("submitted", 1)
+        dispatch_now()
+        assert transitions.finish(cursor, job.pk, 1, "succeeded") is False
+        assert status(job) == ("queued", 1)
+        assert transitions.start(cursor, "w1", job.pk, 1) is not None
+        assert transitions.finish(cursor, job.pk, 2, "succeeded") is False  # not this attempt
+        assert transitions.finish(cursor, job.pk, 1, "succeeded") is True
+        assert transitions.finish(cursor, job.pk, 1, "failed") is False  # finished once
+    assert status(job) == ("succeeded", 1)
+
+
+def test_a_job_starts_once_and_never_after_it_finished_or_was_cancelled():
+    started, cancelled = submit("delivery", PAYLOADS["delivery"]), submit("delivery", PAYLOADS["delivery"])
+    with connection.cursor() as cursor:
+        assert transitions.start(cursor, "w1", started.pk, 1) is not None
+        assert transitions.start(cursor, "w2", started.pk, 1) is None
+        assert transitions.cancel(cursor, cancelled.pk) == (1, "submitted")
+        assert transitions.start(cursor, "w1", cancelled.pk, 1) is None
+        assert transitions.cancel(cursor, cancelled.pk) is None  # already finished
+    assert status(cancelled) == ("cancelled", 1)
+
+
+def test_a_finish_waiting_behind_recoverys_verdict_finds_the_job_moved_on():
+    job = submit("agent", PAYLOADS["agent"])
+    with connection.cursor() as cursor:
+        transitions.start(cursor, "w1", job.pk, 1)
+    with other_connection() as recovery:  # its own transaction, not yet committed
+        assert transitions.conclude(recovery.cursor(), job.pk, 1, "running", "outcome_unknown", "worker gone")
+        worker = Blocked(lambda cursor: transitions.finish(cursor, job.pk, 1, "succeeded", Jsonb({"late": True})))
+        wait_until(lambda: waiting_on_a_lock(worker.pid), SAFETY, message="the finish to wait on the job's row")
+        recovery.commit()
+    assert worker.outcome() is False
+    assert status(job) == ("outcome_unknown", 1)
+    assert Job.objects.get(pk=job.pk).result is None
+
+
+def test_a_start_waiting_behind_a_cancel_does_not_start():
+    job = submit("delivery", PAYLOADS["delivery"])
+    with other_connection() as operator:
+        assert transitions.cancel(operator.cursor(), job.pk) == (1, "submitted")
+        worker = Blocked(lambda cursor: transitions.start(cursor, "w1", job.pk, 1))
+        wait_until(lambda: waiting_on_a_lock(worker.pid), SAFETY, message="the start to wait on the job's row")
+        operator.commit()
+    assert worker.outcome() is None
+    assert status(job) == ("cancelled", 1)
+
+
+def test_a_cancel_that_waited_for_a_rolled_back_verdict_wins():
+    job = submit("delivery", PAYLOADS["delivery"])
+    with connection.cursor() as cursor:
+        transitions.start(cursor, "w1", job.pk, 1)
+    with other_connection() as recovery:
+        assert transitions.conclude(recovery.cursor(), job.pk, 1, "running", "failed", "gave up")
+        operator = Blocked(lambda cursor: transitions.cancel(cursor, job.pk))
+        wait_until(lambda: waiting_on_a_lock(operator.pid), SAFETY, message="the cancel to wait on the job's row")
+        recovery.rollback()
+    assert operator.outcome() == (1, "running")
+    assert status(job) == ("cancelled", 1)
+
+
+def test_two_redispatches_of_one_attempt_make_one_next_attempt():
+    job = submit("delivery", PAYLOADS["delivery"])
+    second: dict = {}
+    ready = threading.Event()
+
+    def redispatch_too():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    second["pid"] = cursor.fetchone()[0]
+                ready.set()
+                second["attempt"] = transitions.redispatch(job.pk, 1, kind="recovery_redispatch", reason="two")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        assert transitions.redispatch(job.pk, 1, kind="operator_redispatch", reason="one") == 2
+        thread = threading.Thread(target=redispatch_too)
+        thread.start()
+        assert ready.wait(SAFETY)
+        wait_until(lambda: waiting_on_a_lock(second["pid"]), SAFETY, message="the second redispatch to wait")
+    thread.join(SAFETY)
+    assert second["attempt"] is None
+    assert status(job) == ("submitted", 2)
+    assert sorted(DispatchEnvelope.objects.filter(job=job).values_list("attempt", flat=True)) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("move", "message"),
+    [
+        (lambda c: transitions.finish(c, 1, 1, "running"), "a worker finishes a job as one of .*, not 'running'"),
+        (lambda c: transitions.finish(c, 1, 1, "cancelled"), "not 'cancelled'"),
+        (lambda c: transitions.conclude(c, 1, 1, "running", "succeeded", ""), "recovery concludes a job as one of"),
+        (lambda c: transitions.conclude(c, 1, 1, "succeeded", "failed", ""), "only an unfinished job, not a 'succe"),
+    ],
+)
+def test_a_move_to_a_status_it_can_never_produce_is_a_bug_not_a_race(move, message):
+    with connection.cursor() as cursor, pytest.raises(IllegalTransition, match=message):
+        move(cursor)
+
+
+def test_a_succeeded_or_cancelled_job_is_never_redispatched():
+    job = submit("delivery", PAYLOADS["delivery"])
+    with transaction.atomic(), pytest.raises(IllegalTransition, match="never re-dispatched"):
+        transitions.redispatch(job.pk, 1, kind="x", reason="y", allowed_statuses=("failed", "cancelled"))
+    assert status(job) == ("submitted", 1)
