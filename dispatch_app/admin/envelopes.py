@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from dispatch_app.admin.common import ReadOnlyAdmin, report, since
-from dispatch_app.admin.filters import DueFilter, EnvelopeAgeFilter
+from dispatch_app.admin.filters import DomainFilter, DueFilter, EnvelopeAgeFilter
 from dispatch_app.models import DispatchEnvelope
 from dispatch_app.ops import actions
 from dispatch_app.ops.timeline import format_duration
@@ -28,7 +28,7 @@ class EnvelopeAdmin(ReadOnlyAdmin):
         "send_attempts",
         "short_error",
     )
-    list_filter = ("status", "domain", DueFilter, EnvelopeAgeFilter)
+    list_filter = ("status", DomainFilter, DueFilter, EnvelopeAgeFilter)
     search_fields = ("=id", "=job__id")
     ordering = ("-id",)
     list_per_page = 50

@@ -9,6 +9,23 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Va
 
 from dispatch_app.admin.common import older_than
 from dispatch_app.dbtime import ClockTimestamp
+from dispatch_app.domains import domain_keys
+
+
+class DomainFilter(admin.SimpleListFilter):
+    """The declared domains (dispatch_app.domains registry), then any key still in the table that no longer is."""
+
+    title = "domain"
+    parameter_name = "domain__exact"  # the dashboard's links use the field filter's parameter
+
+    def lookups(self, request, model_admin):
+        declared = domain_keys()
+        seen = model_admin.get_queryset(request).order_by().values_list("domain", flat=True).distinct()
+        retired = sorted(set(seen) - set(declared))
+        return [(key, key) for key in declared] + [(key, f"{key} (not declared)") for key in retired]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(domain=self.value()) if self.value() else queryset
 
 
 class StageFilter(admin.SimpleListFilter):

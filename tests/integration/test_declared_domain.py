@@ -89,3 +89,21 @@ def test_recovery_follows_each_declared_domains_own_policy(declared, redis_conn,
     lost.refresh_from_db()
     assert (lost.status, lost.attempt, lost.result) == ("succeeded", 2, {"thumbnail": "lost.png@128w"})
     assert project.RAN == [("thumbnail", lost.pk, 2)]
+
+
+def test_the_admin_domain_filter_lists_the_declared_domains_and_a_retired_key(declared, admin_client):
+    from django.urls import reverse
+
+    from tests.factories import JobFactory
+
+    thumb = submit("thumbnail", {"image": "shoe.png"})
+    JobFactory(domain="retired", payload={})
+    jobs_url = reverse("admin:dispatch_app_job_changelist")
+    page = admin_client.get(jobs_url).content.decode()
+    for key in ("?domain__exact=thumbnail", "?domain__exact=caption", "?domain__exact=delivery"):
+        assert key in page  # declared, with or without jobs
+    assert "retired (not declared)" in page
+    filtered = admin_client.get(jobs_url, {"domain__exact": "thumbnail"}).context["cl"].result_list
+    assert [job.pk for job in filtered] == [thumb.pk]
+    envelopes = admin_client.get(reverse("admin:dispatch_app_dispatchenvelope_changelist")).content.decode()
+    assert "?domain__exact=caption" in envelopes
