@@ -67,19 +67,26 @@ def _recorded_workers(candidates: dict[int, rqside.JobRQState]) -> None:
             state.error = f"{type(exc).__name__}: {exc}"
 
 
+def _since(state: rqside.JobRQState, fmt_instant) -> str:
+    return fmt_instant(state.last_heartbeat) if state.last_heartbeat else "an unknown time"
+
+
 def describe(status: str, state: rqside.JobRQState | None, *, fmt_instant) -> tuple[str, bool]:
     """(short text, alarming?) for the list column; ``fmt_instant`` formats an instant like the rest of the page."""
     if state is None:
         return "–", False
     if state.error:
         return f"Redis unreadable: {state.error}", True
+    if state.taken_by and status != "running":
+        if state.worker_alive:
+            return f"taken by {state.worker} (not started yet)", False
+        return f"taken by {state.worker}, not alive since {_since(state, fmt_instant)}", True
     if status == "running":
         if not state.worker:
             return "no worker recorded", True
         if state.worker_alive:
             return f"{state.worker}: alive", False
-        since = fmt_instant(state.last_heartbeat) if state.last_heartbeat else "unknown"
-        return f"{state.worker}: not alive since {since}", True
+        return f"{state.worker}: not alive since {_since(state, fmt_instant)}", True
     if state.position:
         live = state.live_workers or 0
         workers = f"{live} live worker{'s' if live != 1 else ''}"

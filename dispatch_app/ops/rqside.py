@@ -40,6 +40,7 @@ from django.db import connection
 from dispatch_app import redis_servers
 from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
+from dispatch_app.rqworker.fetch import TAKEN_BY
 from dispatch_app.rqworker.worker import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
 log = logging.getLogger("dispatch_app.ops.rqside")
@@ -137,7 +138,9 @@ def _float(value: str) -> float | None:
         return None
 
 
-def _judge(name: str, data: dict, local_host: str, redis_now: datetime | None = None) -> WorkerInfo:
+def _judge(
+    name: str, data: dict, local_host: str, redis_now: datetime | None = None, executions: list[str] = ()
+) -> WorkerInfo:
     pid = int(data["pid"]) if data.get("pid", "").isdigit() else None
     host = data.get("hostname", "")
     last_heartbeat = _utc(data.get("last_heartbeat", ""))
@@ -162,7 +165,8 @@ def _judge(name: str, data: dict, local_host: str, redis_now: datetime | None = 
         alive=alive,
         dead_reason=reason,
         last_heartbeat=last_heartbeat,
-        current_job=data.get("current_job", ""),
+        # RQ's own worker names its job in the hash; PipelineWorker only keeps RQ's executions set (job:execution).
+        current_job=data.get("current_job", "") or ", ".join(sorted(e.split(":", 1)[0] for e in executions)),
         successful=int(data.get("successful_job_count") or 0),
         failed=int(data.get("failed_job_count") or 0),
         recent=data.get(RECENT_FIELD, ""),
@@ -179,12 +183,19 @@ def read_workers(conn: redis.Redis, names) -> dict[str, WorkerInfo]:
         pipe.time()
         for name in names:
             pipe.hgetall(WORKER_PREFIX + name)
+            pipe.smembers(f"{WORKER_PREFIX}{name}:executions")
         (seconds, micros), *raw = pipe.execute()
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     local = socket.gethostname()
     return {
-        name: _judge(name, {_text(k): _text(v) for k, v in data.items()}, local, redis_now)
-        for name, data in zip(names, raw, strict=True)
+        name: _judge(
+            name,
+            {_text(k): _text(v) for k, v in raw[2 * i].items()},
+            local,
+            redis_now,
+            [_text(e) for e in raw[2 * i + 1]],
+        )
+        for i, name in enumerate(names)
     }
 
 
@@ -304,6 +315,7 @@ class JobRQState:
     worker_dead_reason: str = ""
     last_heartbeat: datetime | None = None  # the job's last heartbeat from its worker (worker host's clock)
     error: str = ""
+    taken_by: str = ""  # a PipelineWorker took it off the queue and has not started it (rqworker.fetch)
 
     def judge_worker(self, info: WorkerInfo) -> None:
         """Take the running worker's verdict; a dead one's last heartbeat is the job's last sign of life."""
@@ -322,7 +334,7 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
     queues = sorted({q for _, _, q in attempts})
     with conn.pipeline(transaction=False) as pipe:
         for job_id, attempt, queue in attempts:
-            pipe.hmget(f"rq:job:pf-{job_id}-{attempt}", "status", "worker_name", "last_heartbeat")
+            pipe.hmget(f"rq:job:pf-{job_id}-{attempt}", "status", "worker_name", "last_heartbeat", TAKEN_BY)
             pipe.lpos(queue_key(queue), f"pf-{job_id}-{attempt}")
         for queue in queues:
             pipe.llen(queue_key(queue))
@@ -333,7 +345,9 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
     members = {q: [_text(m).removeprefix(WORKER_PREFIX) for m in per_queue[2 * i + 1]] for i, q in enumerate(queues)}
     out = {}
     for i, (job_id, attempt, queue) in enumerate(attempts):
-        (status, worker, heartbeat), position = per_job[2 * i], per_job[2 * i + 1]
+        (status, worker, heartbeat, taken_by), position = per_job[2 * i], per_job[2 * i + 1]
+        # Taken off the queue by a worker that has not started it: that worker is the one to judge.
+        taken_by = _text(taken_by) if position is None and _text(status) == "queued" and not worker else ""
         out[(job_id, attempt)] = JobRQState(
             rq_id=f"pf-{job_id}-{attempt}",
             queue=queue,
@@ -341,8 +355,9 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
             rq_status=_text(status),
             position=None if position is None else int(position) + 1,
             depth=depth[queue],
-            worker=_text(worker),
+            worker=_text(worker) or taken_by,
             last_heartbeat=_utc(_text(heartbeat)),
+            taken_by=taken_by,
         )
     workers = read_workers(conn, {n for ns in members.values() for n in ns} | {s.worker for s in out.values()} - {""})
     for state in out.values():

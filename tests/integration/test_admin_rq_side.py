@@ -147,3 +147,28 @@ def test_every_dashboard_count_links_to_a_list_holding_what_it_counts(client, re
     jobs_page = client.get(html.unescape(started_link)).content.decode()
     assert set(re.findall(r"/admin/dispatch_app/job/(\d+)/change/", jobs_page)) == {str(started.pk)}
     assert 'href="#pf-workers"' in page  # live workers: the RQ workers table below
+
+
+@pytest.mark.django_db
+def test_a_job_taken_but_not_started_by_a_dead_worker_names_that_worker(client, redis_conn):
+    from rq.job import Job as RQJob
+
+    from dispatch_app.rqworker.fetch import Fetcher
+
+    w = pipeline_worker(redis_conn, "agent", "w-taker")
+    held = job("agent", "queued", dispatched_ago=50)
+    enqueue(redis_conn, "agent", held.pk)
+    queue = Queue("agent", connection=redis_conn, serializer=JSONSerializer)
+    (taken,) = Fetcher(redis_conn, [queue], RQJob, JSONSerializer, "w-taker").take(8)  # prefetched, not started
+    assert taken.job.id == f"pf-{held.pk}-1" and redis_conn.llen("rq:queue:agent") == 0
+    client.force_login(staff("viewer", *VIEW))
+
+    beat_at(redis_conn, w, 0)
+    assert "taken by w-taker (not started yet)" in text(client.get(f"{JOBS}?domain__exact=agent"))
+    last = beat_at(redis_conn, w, 3 * INTERVAL)
+    since = last.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"taken by w-taker, not alive since {since}" in text(client.get(f"{JOBS}?domain__exact=agent"))
+    page = text(client.get(f"{JOBS}{held.pk}/timeline/"))
+    assert f"by worker w-taker, not started yet: DEAD, not alive since {since}" in page
+    redis_conn.delete(w.key)  # its hash expired: when it last beat is no longer known
+    assert "taken by w-taker, not alive since an unknown time" in text(client.get(f"{JOBS}?domain__exact=agent"))
