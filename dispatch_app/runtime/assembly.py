@@ -25,12 +25,27 @@ def build(conf: DispatchSettings, options: dict) -> Supervisor:
         if options.get("recovery_in_process") or options.get("no_dispatch"):
             add_recovery_loops(supervisor, conf, domains)
         else:
-            add_recovery_process(supervisor, conf, domains, nice=options.get("recovery_nice"))
+            add_recovery_process(
+                supervisor,
+                conf,
+                domains,
+                nice=options.get("recovery_nice"),
+                async_commit=not options.get("recovery_sync_commit"),
+                yield_to_new_work=not options.get("recovery_no_yield"),
+            )
     ops.attach(supervisor)
     return supervisor
 
 
-def add_recovery_process(supervisor: Supervisor, conf: DispatchSettings, domains: list[str], *, nice=None):
+def add_recovery_process(
+    supervisor: Supervisor,
+    conf: DispatchSettings,
+    domains: list[str],
+    *,
+    nice=None,
+    async_commit: bool = True,
+    yield_to_new_work: bool = True,
+):
     """The default: the recovery loops in a supervised child process at a lower CPU priority."""
     from dispatch_app.recovery.policy import resolve
     from dispatch_app.runtime.recovery_process import RecoveryProcessLoop, RecoveryProcessRunner
@@ -39,7 +54,13 @@ def add_recovery_process(supervisor: Supervisor, conf: DispatchSettings, domains
     for domain in domains:
         resolve(domain, conf.RECOVERY)
     loop = RecoveryProcessLoop(
-        conf, domains, supervisor.stop, observer=supervisor.observer, nice=DEFAULT_NICE if nice is None else nice
+        conf,
+        domains,
+        supervisor.stop,
+        observer=supervisor.observer,
+        nice=DEFAULT_NICE if nice is None else nice,
+        async_commit=async_commit,
+        yield_to_new_work=yield_to_new_work,
     )
     runner = RecoveryProcessRunner(
         loop,
@@ -53,12 +74,20 @@ def add_recovery_process(supervisor: Supervisor, conf: DispatchSettings, domains
     return runner
 
 
-def add_recovery_loops(supervisor: Supervisor, conf: DispatchSettings, domains: list[str]) -> None:
-    """Seam for dispatch_app.recovery: one loop per domain, each on its own thread."""
+def add_recovery_loops(
+    supervisor: Supervisor, conf: DispatchSettings, domains: list[str], *, yield_to_new_work: bool = False
+) -> None:
+    """Seam for dispatch_app.recovery: one loop per domain, each on its own thread.
+
+    ``yield_to_new_work`` (the recovery child): a round waits while the outbox
+    has a backlog, at most one period (runtime.yielding).
+    """
     from dispatch_app.recovery.loop import RecoveryLoop
     from dispatch_app.recovery.policy import resolve
+    from dispatch_app.runtime.yielding import YieldingWait
 
     # Resolved before any thread starts: a bad override fails the start, not a loop.
     policies = [resolve(domain, conf.RECOVERY) for domain in domains]
     for policy in policies:
-        supervisor.add_loop(RecoveryLoop(policy, supervisor.stop), domain=policy.domain)
+        waiter = YieldingWait(supervisor.stop, policy.period_seconds) if yield_to_new_work else None
+        supervisor.add_loop(RecoveryLoop(policy, supervisor.stop, waiter=waiter), domain=policy.domain)

@@ -21,6 +21,9 @@ from dispatch_app.conf import DispatchSettings
 log = logging.getLogger("dispatch_app.runtime.recovery_child")
 
 EXIT_HUNG = 3
+# The child's database sessions carry this name (pg_stat_activity.application_name): an operator, and the
+# benchmark's CPU split, can tell recovery's share of PostgreSQL's work from the dispatcher's.
+APPLICATION_NAME = "productflow-recovery"
 
 
 class Reporter:
@@ -57,6 +60,31 @@ def lower_priority(increment: int) -> int:
     return os.nice(increment) if increment else os.nice(0)
 
 
+def recovery_sessions(*, async_commit: bool = True) -> None:
+    """Every database session this process opens from here on: named, and (by default) committing asynchronously.
+
+    Nice only lowers this process's own CPU priority; its PostgreSQL backends
+    run at full priority, and with synchronous commit each recovery action
+    waits for a WAL flush that competes with the flushes of new jobs' submits.
+    With ``synchronous_commit=off`` its commits leave the flush to the WAL
+    writer (or to the next synchronous commit, which flushes them with its
+    own). Safe because a recovery action that a PostgreSQL crash loses leaves
+    its job as it was: stale, so a later round decides again (every action is a
+    compare-and-set). Anything durable that saw the action, e.g. a worker's
+    start of the re-dispatched attempt, flushed the WAL up to it first; the one
+    effect outside the database, a dispatcher's send of the re-dispatched
+    envelope, is the case claims already accept (``dispatch.claim.ASYNC_COMMIT``):
+    the worker's start compare-and-set refuses an attempt that does not exist.
+    """
+    from django.db import connections
+
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    if async_commit:
+        options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+    options["application_name"] = APPLICATION_NAME
+    connections["default"].close()  # a session opened before (the command's checks) is not reused
+
+
 def watch_lifeline(stream, on_eof) -> threading.Thread:
     def read() -> None:
         try:
@@ -71,16 +99,26 @@ def watch_lifeline(stream, on_eof) -> threading.Thread:
     return thread
 
 
-def run(conf: DispatchSettings, domains: list[str], *, report_fd: int | None, nice: int, out) -> list[str]:
+def run(
+    conf: DispatchSettings,
+    domains: list[str],
+    *,
+    report_fd: int | None,
+    nice: int,
+    out,
+    async_commit: bool = True,
+    yield_to_new_work: bool = True,
+) -> list[str]:
     """Run the recovery loops until stopped; returns the loops still running at the deadline."""
     from dispatch_app.runtime.assembly import add_recovery_loops
     from dispatch_app.runtime.supervisor import Supervisor
 
     niceness = lower_priority(nice)
+    recovery_sessions(async_commit=async_commit)
     stream = os.fdopen(report_fd, "w", encoding="utf-8") if report_fd is not None else None
     reporter = Reporter(stream) if stream is not None else None
     supervisor = Supervisor(conf, listen=False, dispatch=False, observer=reporter)
-    add_recovery_loops(supervisor, conf, domains)
+    add_recovery_loops(supervisor, conf, domains, yield_to_new_work=yield_to_new_work)
     stopped = threading.Event()
 
     def stop(reason: str) -> None:

@@ -89,7 +89,15 @@ def child_env(conf: DispatchSettings) -> dict[str, str]:
     return env
 
 
-def child_argv(conf: DispatchSettings, domains: list[str], *, nice: int, report_fd: int) -> list[str]:
+def child_argv(
+    conf: DispatchSettings,
+    domains: list[str],
+    *,
+    nice: int,
+    report_fd: int,
+    async_commit: bool = True,
+    yield_to_new_work: bool = True,
+) -> list[str]:
     from django.conf import settings
 
     manage = Path(settings.BASE_DIR) / "manage.py"
@@ -106,6 +114,8 @@ def child_argv(conf: DispatchSettings, domains: list[str], *, nice: int, report_
         ",".join(domains),
         "--shutdown-deadline",
         f"{max(0.1, conf.SHUTDOWN_DEADLINE * CHILD_DEADLINE_SHARE):.3f}",
+        *([] if async_commit else ["--recovery-sync-commit"]),
+        *([] if yield_to_new_work else ["--recovery-no-yield"]),
     ]
 
 
@@ -122,6 +132,8 @@ class RecoveryProcessLoop:
         *,
         observer=None,
         nice: int = 10,
+        async_commit: bool = True,
+        yield_to_new_work: bool = True,
         poll: float = 0.5,
         backoff: float = 1.0,
         max_backoff: float | None = None,
@@ -134,6 +146,9 @@ class RecoveryProcessLoop:
         self.stop = stop
         self.observer = observer
         self.nice = nice
+        # False: the child's commits wait for the WAL flush / its rounds do not yield to a backlog (benchmark A/B).
+        self.async_commit = async_commit
+        self.yield_to_new_work = yield_to_new_work
         self.poll = poll
         self.initial_backoff = backoff
         self.backoff = backoff
@@ -212,7 +227,14 @@ class RecoveryProcessLoop:
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                child_argv(self.conf, self.domains, nice=self.nice, report_fd=write_fd),
+                child_argv(
+                    self.conf,
+                    self.domains,
+                    nice=self.nice,
+                    report_fd=write_fd,
+                    async_commit=self.async_commit,
+                    yield_to_new_work=self.yield_to_new_work,
+                ),
                 env=child_env(self.conf),
                 stdin=subprocess.PIPE,  # the lifeline: EOF when this process is gone
                 pass_fds=(write_fd,),

@@ -72,6 +72,10 @@ class Command(SettingsErrorExit2, BaseCommand):
         # The child's side of the default deployment (runtime.recovery_child); not for operators.
         parser.add_argument("--recovery-child", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--report-fd", type=int, default=None, help=argparse.SUPPRESS)
+        # The recovery child as before issue 10's last changes (benchmark A/B): its commits wait for the WAL
+        # flush; its rounds do not yield to an outbox backlog.
+        parser.add_argument("--recovery-sync-commit", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--recovery-no-yield", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument(
             "--domains", type=domain_list, help="comma-separated domains to run recovery for (default: all)"
         )
@@ -144,6 +148,8 @@ class Command(SettingsErrorExit2, BaseCommand):
             report_fd=options.get("report_fd"),
             nice=assembly.DEFAULT_NICE if nice is None else nice,
             out=self.stdout,
+            async_commit=not options.get("recovery_sync_commit"),
+            yield_to_new_work=not options.get("recovery_no_yield"),
         )
         sys.stdout.flush()
         if hung:
