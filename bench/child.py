@@ -105,9 +105,15 @@ def main() -> None:
         options["domains"] = list(real["domains"])
         # Default: in a niced child process, as rundispatcher runs them; True: threads of this process.
         options["recovery_in_process"] = spec.get("recovery_in_process", False)
+    # The recovery child as before (benchmark A/B): synchronous commits, rounds that do not yield to a backlog.
+    options["recovery_sync_commit"] = spec.get("recovery_sync_commit", False)
+    options["recovery_no_yield"] = spec.get("recovery_no_yield", False)
     if kind == "recovery-only":
         # The modeled recovery loops alone, as the recovery child of rundispatcher runs its loops.
+        from dispatch_app.runtime.recovery_child import recovery_sessions
         from dispatch_app.runtime.supervisor import Supervisor
+
+        recovery_sessions(async_commit=not spec.get("recovery_sync_commit", False))
 
         supervisor = Supervisor(conf, listen=False, dispatch=False)
     else:
@@ -124,6 +130,18 @@ def main() -> None:
         for rec in ([spec["recovery"]] if spec.get("recovery") else [])
         for domain in rec["domains"]
     ]
+    if kind == "recovery-only" and not spec.get("recovery_no_yield", False):
+        # As the recovery child's loops: a round waits while the outbox has a backlog (runtime.yielding).
+        from dispatch_app.runtime.yielding import YieldingWait
+
+        for recovery in recoveries:
+            waiter = YieldingWait(supervisor.stop, recovery.period)
+
+            def wait(recovery=recovery, waiter=waiter) -> str:
+                waiter(max(0.0, recovery._next - time.monotonic()))
+                return "tick"
+
+            recovery.wait = wait
     waits = {"connect_wait_s": 0.0, "claim_wait_s": 0.0, "drains": 0}
 
     class WaitObserver:

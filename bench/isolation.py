@@ -6,8 +6,12 @@ Variants (same arrival rate, same dispatcher process shape):
   connection; one domain's round holds its candidates' row locks in a
   ``pg_sleep`` for the block time;
 - ``recovery process``: the default deployment of ``rundispatcher``: the same
-  recovery loops in their own process at nice +10, the dispatcher process
-  runs none (the blocked round is the same);
+  recovery loops in their own process at nice +10, its sessions committing
+  asynchronously (runtime.recovery_child.recovery_sessions), its rounds
+  yielding to an outbox backlog (runtime.yielding), the dispatcher
+  process runs none (the blocked round is the same);
+- ``recovery process, as before``: the same as it was before its commits were
+  asynchronous and its rounds yielded to an outbox backlog;
 - ``serial``: the seed's shape, recover (all domains) then dispatch then wait,
   in one loop: new jobs wait behind the blocked round.
 """
@@ -19,7 +23,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "isolation"
-VARIANTS = ["unloaded", "independent", "recovery process", "serial"]
+VARIANTS = ["unloaded", "independent", "recovery process", "recovery process, as before", "serial"]
 BLOCKED_DOMAIN = "image_series"
 
 
@@ -45,8 +49,17 @@ def run(ctx: Context) -> list[dict]:
                 "batch": 25,
                 "block_domains": {BLOCKED_DOMAIN: block},
             }
-            if variant == "recovery process":
-                extra_specs.append({"kind": "recovery-only", "nice": 10, "recovery": recovery, "listen": False})
+            if variant.startswith("recovery process"):
+                extra_specs.append(
+                    {
+                        "kind": "recovery-only",
+                        "nice": 10,
+                        "recovery": recovery,
+                        "listen": False,
+                        "recovery_sync_commit": "as before" in variant,
+                        "recovery_no_yield": "as before" in variant,
+                    }
+                )
             else:
                 spec["recovery"] = recovery
         metrics, series, child = latency_run(

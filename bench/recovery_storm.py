@@ -3,16 +3,14 @@
 ``on``: the default deployment of ``rundispatcher``: the real
 ``dispatch_app.recovery`` loops, one per domain (own thread and connection,
 period 1 s, no jitter, B = 25), in the dispatcher's recovery child process at
-nice +10, re-dispatch or finish stale jobs through the outbox while the dispatch
-loop serves new jobs.
+nice +10, its sessions committing asynchronously and its rounds yielding to an
+outbox backlog, re-dispatch or finish stale jobs through the outbox while the
+dispatch loop serves new jobs.
+``on, no yield``: the same without the yield (``--recovery-no-yield``).
+``on, as before``: the child as it was before both (``--recovery-sync-commit
+--recovery-no-yield``).
 ``on, in process``: the same loops as threads of the dispatcher process
 (``--recovery-in-process``; the shape measured before the child process).
-``on, GIL switch 1 ms``: the same with ``sys.setswitchinterval(0.001)`` in the
-dispatcher process (the recovery threads are CPU-bound Python; the dispatch
-thread otherwise waits up to 5 ms for the GIL after each of its I/O calls).
-``on, own process``: the recovery loops in a second dispatcher process (which
-also dispatches, SKIP LOCKED sharing the outbox), as ``rundispatcher
---no-recovery`` next to a ``rundispatcher`` would run them.
 ``off``: the same process and backlog, no recovery loops.
 
 Measured: new-job latency, each domain's oldest-candidate age over time,
@@ -31,7 +29,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "recovery-storm"
-VARIANTS = ["off", "on", "on, in process", "on, GIL switch 1 ms", "on, own process"]
+VARIANTS = ["off", "on", "on, no yield", "on, as before", "on, in process"]
 STALE_SECONDS = 600.0
 
 AGE_SQL = """
@@ -49,6 +47,62 @@ FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_p
 """
 
 
+# The bench database's client backends, split into the recovery child's (named by
+# runtime.recovery_child.recovery_sessions) and every other one (dispatcher, submitter, samplers).
+BACKENDS_SQL = """
+SELECT pid, application_name = %s FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+"""
+
+
+class CpuSplit:
+    """Where the machine's CPU went while the storm ran: PostgreSQL backends by role, and the whole machine.
+
+    Read every 0.5 s from the kernel's counters (psutil); a process keeps the last
+    value read before it ended (a backend whose session closes loses < 0.5 s).
+    """
+
+    def __init__(self):
+        import psutil
+
+        self.psutil = psutil
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.role: dict[int, str] = {}
+        self.machine_first = self.machine_last = self._busy()
+
+    def _busy(self) -> tuple[float, float]:
+        t = self.psutil.cpu_times()
+        return time.monotonic(), t.user + t.nice + t.system + t.irq + t.softirq + t.steal
+
+    def read(self, conn) -> None:
+        from bench.cpu import process_cpu
+        from dispatch_app.runtime.recovery_child import APPLICATION_NAME
+
+        ours = {}
+        for pid, recovery in conn.execute(BACKENDS_SQL, [APPLICATION_NAME]).fetchall():
+            ours[pid] = "pg_recovery" if recovery else "pg_bench_other"
+        for proc in self.psutil.process_iter(["name"]):
+            if proc.info["name"] != "postgres":
+                continue
+            pid = proc.pid
+            self.role.setdefault(pid, ours.get(pid, "pg_other_databases"))
+            cpu = process_cpu(pid, children=False)
+            if cpu:
+                self.first.setdefault(pid, cpu)
+                self.last[pid] = cpu
+        self.machine_last = self._busy()
+
+    def seconds(self) -> dict[str, float]:
+        out = {"pg_recovery": 0.0, "pg_bench_other": 0.0, "pg_other_databases": 0.0}
+        for pid, cpu in self.last.items():
+            out[self.role[pid]] += cpu - self.first[pid]
+        (t0, busy0), (t1, busy1) = self.machine_first, self.machine_last
+        out["machine_busy"] = busy1 - busy0
+        out["machine_capacity"] = (t1 - t0) * (self.psutil.cpu_count() or 1)
+        return out
+
+
 class Sampler:
     def __init__(self, env, domains):
         self.env = env
@@ -57,6 +111,7 @@ class Sampler:
         self.lock_wait_s = 0.0
         self.lock_events: dict[str, float] = {}
         self.max_backends = 0
+        self.cpu: CpuSplit | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="bench-storm-sampler")
 
@@ -66,9 +121,14 @@ class Sampler:
 
     def _run(self):
         with self.env.raw() as conn:
-            last_age = 0.0
+            last_age = last_cpu = 0.0
+            self.cpu = CpuSplit()
+            self.cpu.read(conn)
             while not self._stop.wait(0.1):
                 now = time.monotonic() - self.t0
+                if now - last_cpu >= 0.5:
+                    last_cpu = now
+                    self.cpu.read(conn)
                 waiting, backends, events = conn.execute(WAIT_SQL).fetchone()
                 self.lock_wait_s += waiting * 0.1
                 for event in (events or "").split(","):
@@ -126,24 +186,12 @@ def run(ctx: Context) -> list[dict]:
                 "QUEUED_STALE_SECONDS": STALE_SECONDS,
             }
             recovery = {"domains": domains, "overrides": {d: dict(overrides) for d in domains}}
-            # Every variant but "on" keeps the loops as threads of the process that runs them (as measured before).
-            in_process = variant != "on"
-            if "own process" in variant:
-                # Two rundispatcher-shaped processes: this one dispatches only, the other also recovers.
-                extra_specs.append(
-                    {
-                        "kind": "dispatch",
-                        "listen": True,
-                        "poll": 1.0,
-                        "real_recovery": recovery,
-                        "recovery_in_process": in_process,
-                    }
-                )
-            else:
-                spec["real_recovery"] = recovery
-                spec["recovery_in_process"] = in_process
-        if "switch" in variant:
-            spec["switch_interval"] = 0.001
+            # Only "on, in process" keeps the loops as threads of the dispatcher (as measured before the child).
+            in_process = variant == "on, in process"
+            spec["real_recovery"] = recovery
+            spec["recovery_in_process"] = in_process
+            spec["recovery_sync_commit"] = "as before" in variant
+            spec["recovery_no_yield"] = "as before" in variant or "no yield" in variant
         try:
             metrics, series, child = latency_run(
                 env, spec, rate=rate, count=int(rate * seconds), before=sampler.start, extra_specs=extra_specs
@@ -169,6 +217,10 @@ def run(ctx: Context) -> list[dict]:
                 "cpu_other_process_s": sum(
                     e.get("cpu_self_s", 0) + e.get("cpu_children_s", 0) for e in child.stats.get("extra", [])
                 ),
+                # PostgreSQL's side, over the sampled window: the recovery child's backends (0 where recovery
+                # runs as threads: their sessions are not named apart), the bench database's other backends,
+                # every other PostgreSQL process, and the machine's busy core-seconds against its capacity.
+                **{f"cpu_{k}_s": v for k, v in (sampler.cpu.seconds() if sampler.cpu else {}).items()},
             }
         )
         for domain, d in rec.items():
