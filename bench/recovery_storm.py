@@ -82,14 +82,19 @@ class CpuSplit:
         ours = {}
         for pid, recovery in conn.execute(BACKENDS_SQL, [APPLICATION_NAME]).fetchall():
             ours[pid] = "pg_recovery" if recovery else "pg_bench_other"
+        started = not self.last
         for proc in self.psutil.process_iter(["name"]):
             if proc.info["name"] != "postgres":
                 continue
             pid = proc.pid
-            self.role.setdefault(pid, ours.get(pid, "pg_other_databases"))
+            if pid in ours:
+                self.role[pid] = ours[pid]  # a backend seen before its session showed up is named now
+            else:
+                self.role.setdefault(pid, "pg_other_databases")
             cpu = process_cpu(pid, children=False)
             if cpu:
-                self.first.setdefault(pid, cpu)
+                # A process first seen after the start began inside the window: all of its CPU counts.
+                self.first.setdefault(pid, cpu if started else 0.0)
                 self.last[pid] = cpu
         self.machine_last = self._busy()
 
