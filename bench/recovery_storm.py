@@ -82,7 +82,7 @@ class CpuSplit:
         ours = {}
         for pid, recovery in conn.execute(BACKENDS_SQL, [APPLICATION_NAME]).fetchall():
             ours[pid] = "pg_recovery" if recovery else "pg_bench_other"
-        started = not self.last
+        first_read = not self.last
         for proc in self.psutil.process_iter(["name"]):
             if proc.info["name"] != "postgres":
                 continue
@@ -94,7 +94,7 @@ class CpuSplit:
             cpu = process_cpu(pid, children=False)
             if cpu:
                 # A process first seen after the start began inside the window: all of its CPU counts.
-                self.first.setdefault(pid, cpu if started else 0.0)
+                self.first.setdefault(pid, cpu if first_read else 0.0)
                 self.last[pid] = cpu
         self.machine_last = self._busy()
 
