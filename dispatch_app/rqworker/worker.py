@@ -41,12 +41,18 @@ from rq.worker_registration import register
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.rqworker.beat import Heartbeat
 from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
+from dispatch_app.rqworker.outage import OutageMixin
 
 log = logging.getLogger("dispatch_app.rqworker")
 
-# A batch pays off for short jobs; a slow job holds its batch-mates hostage while
-# another worker may be idle, so slower recent jobs mean one job per round trip.
-FAST_JOB_SECONDS = 0.05
+# A taken job waits in this worker's hand while the batch-mates before it run, even when another
+# worker is idle. So a take is sized for that wait to stay within this budget at the recent job
+# duration: a backlog of 1 ms jobs still goes 6 per round trip, while a burst of ~3 ms jobs (a
+# dispatcher batch lands on a queue at once) is spread over the idle workers instead of one worker
+# taking all 8 and the last waiting ~20 ms. Jobs slower than the budget go one per round trip.
+PREFETCH_WAIT_BUDGET = 0.005
+# Recent job duration: an exponentially weighted average over roughly the last 1 / weight jobs.
+JOB_SECONDS_WEIGHT = 0.2
 # A taken job not started within this long goes back to its queue: RQ's maintenance
 # fails jobs left in the intermediate list for over a minute.
 HOLD_SECONDS = 20.0
@@ -62,7 +68,7 @@ LAST_ERROR_FIELD = "pf_last_error"
 HEARTBEAT_INTERVAL_FIELD = "pf_heartbeat_interval"
 
 
-class PipelineWorker(SimpleWorker):
+class PipelineWorker(OutageMixin, SimpleWorker):
     def __init__(self, queues, *args, prefetch: int | None = None, heartbeat_interval: float | None = None, **kwargs):
         # JSON always: a job planted in Redis must not be able to run code (pickle), and our
         # publisher writes JSON; a worker on another serializer would fail every job.
@@ -120,24 +126,6 @@ class PipelineWorker(SimpleWorker):
             register(self, pipe)
             pipe.expire(self.key, ttl)
             pipe.execute()
-
-    def _retrying(self, action, what: str) -> None:
-        """Run ``action`` until Redis answers (start-up during an outage), backing off."""
-        delay = 0.5
-        while True:
-            try:
-                return action()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.error(
-                    "worker %s: Redis unavailable (%s); retrying in %.1fs",
-                    self.name,
-                    exc,
-                    delay,
-                    extra={"action": "worker_redis_unavailable", "domain": "worker", "during": what},
-                )
-                if self._stopping.wait(delay):
-                    raise StopRequested() from exc
-                delay = min(delay * 2, self.reconnect_backoff_max)
 
     def bootstrap(self, logging_level="INFO", date_format=None, log_format=None):
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v}
@@ -197,7 +185,7 @@ class PipelineWorker(SimpleWorker):
                         self.run_maintenance_tasks()
                     if time.monotonic() >= self._rescue_at:
                         self._rescue_orphans()
-                    limit = self.prefetch if self._job_seconds < FAST_JOB_SECONDS else 1
+                    limit = self._take_limit()
                     if max_jobs is not None:
                         limit = min(limit, max_jobs - completed)
                     item = self._next(limit, burst)
@@ -252,6 +240,16 @@ class PipelineWorker(SimpleWorker):
         self._buffer = [(t, at) for t in batch[1:]]
         return batch[0]
 
+    def _take_limit(self) -> int:
+        """How many ready jobs to take at once (``PREFETCH_WAIT_BUDGET``); all of WORKER_PREFETCH before any ran."""
+        if not self._job_seconds:
+            return self.prefetch
+        return max(1, min(self.prefetch, 1 + int(PREFETCH_WAIT_BUDGET / self._job_seconds)))
+
+    def _ran(self, seconds: float) -> None:
+        w = JOB_SECONDS_WEIGHT
+        self._job_seconds = seconds if not self._job_seconds else (1 - w) * self._job_seconds + w * seconds
+
     def _idle_wait(self) -> float:
         timeout = self.connection.connection_pool.connection_kwargs.get("socket_timeout")
         return IDLE_WAIT_SECONDS if not timeout else max(0.1, min(IDLE_WAIT_SECONDS, timeout / 2))
@@ -281,12 +279,12 @@ class PipelineWorker(SimpleWorker):
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 return_value = job.perform()
         except Exception:
-            self._job_seconds = time.monotonic() - started
+            self._ran(time.monotonic() - started)
             self._outcome("f")
             self.failed_job_count += 1
             self._finalize_failure(job, queue, execution, sys.exc_info())
             return
-        self._job_seconds = time.monotonic() - started
+        self._ran(time.monotonic() - started)
         job.ended_at = now()
         job._result = return_value
         if isinstance(return_value, Retry) or job.success_callback:
@@ -425,44 +423,3 @@ class PipelineWorker(SimpleWorker):
                 moved,
                 extra={"action": "worker_rescued_taken_jobs", "domain": "worker"},
             )
-
-    # --- Redis outages -----------------------------------------------------------------
-    def _redis_down(self, exc: Exception) -> None:
-        """Wait with backoff until Redis answers, then carry on (RQ's worker exits here)."""
-        delay = 0.5
-        log.error(
-            "worker %s: Redis unavailable (%s); waiting and reconnecting",
-            self.name,
-            exc,
-            extra={"action": "worker_redis_unavailable", "domain": "worker"},
-        )
-        # What was taken may be gone with Redis' data; what is still there goes back once it answers.
-        taken = [t for t, _ in self._buffer]
-        self._buffer.clear()
-        while not self._stop_requested:
-            if self._stopping.wait(delay):
-                break
-            try:
-                self.connection.ping()
-            except (redis.ConnectionError, redis.TimeoutError):
-                delay = min(delay * 2, self.reconnect_backoff_max)
-                continue
-            try:
-                if not self.connection.exists(self.key):
-                    self.reregister(self._beat.ttl if self._beat else 60)
-                self._flush_pending_after_outage()
-                self._fetcher.give_back([t for t in taken if self.connection.exists(t.job.key)])
-            except (redis.ConnectionError, redis.TimeoutError):
-                delay = min(delay * 2, self.reconnect_backoff_max)
-                continue
-            log.info(
-                "worker %s: Redis is back; resuming",
-                self.name,
-                extra={"action": "worker_redis_restored", "domain": "worker"},
-            )
-            return
-
-    def _flush_pending_after_outage(self) -> None:
-        if self._pending is not None and not self.connection.exists(self._pending[0].key):
-            self._pending = None  # Redis lost the job: writing its end would create a stub hash
-        self._flush_pending()

@@ -1,0 +1,78 @@
+"""How a PipelineWorker lives through a Redis outage: it waits and reconnects instead of exiting.
+
+RQ's own worker exits with code 1 when Redis goes away, and only an outside
+supervisor brings it back; these methods (a mixin of ``PipelineWorker``) back
+off, re-register the worker if Redis lost its hash, write the end of the job
+that finished during the outage, and give back the jobs that were taken.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from rq.exceptions import StopRequested
+
+log = logging.getLogger("dispatch_app.rqworker")
+
+
+class OutageMixin:
+    """Needs the PipelineWorker attributes it uses: _stopping, _stop_requested, _buffer, _beat, _fetcher."""
+
+    def _retrying(self, action, what: str) -> None:
+        """Run ``action`` until Redis answers (start-up during an outage), backing off."""
+        delay = 0.5
+        while True:
+            try:
+                return action()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.error(
+                    "worker %s: Redis unavailable (%s); retrying in %.1fs",
+                    self.name,
+                    exc,
+                    delay,
+                    extra={"action": "worker_redis_unavailable", "domain": "worker", "during": what},
+                )
+                if self._stopping.wait(delay):
+                    raise StopRequested() from exc
+                delay = min(delay * 2, self.reconnect_backoff_max)
+
+    def _redis_down(self, exc: Exception) -> None:
+        """Wait with backoff until Redis answers, then carry on (RQ's worker exits here)."""
+        delay = 0.5
+        log.error(
+            "worker %s: Redis unavailable (%s); waiting and reconnecting",
+            self.name,
+            exc,
+            extra={"action": "worker_redis_unavailable", "domain": "worker"},
+        )
+        # What was taken may be gone with Redis' data; what is still there goes back once it answers.
+        taken = [t for t, _ in self._buffer]
+        self._buffer.clear()
+        while not self._stop_requested:
+            if self._stopping.wait(delay):
+                break
+            try:
+                self.connection.ping()
+            except (redis.ConnectionError, redis.TimeoutError):
+                delay = min(delay * 2, self.reconnect_backoff_max)
+                continue
+            try:
+                if not self.connection.exists(self.key):
+                    self.reregister(self._beat.ttl if self._beat else 60)
+                self._flush_pending_after_outage()
+                self._fetcher.give_back([t for t in taken if self.connection.exists(t.job.key)])
+            except (redis.ConnectionError, redis.TimeoutError):
+                delay = min(delay * 2, self.reconnect_backoff_max)
+                continue
+            log.info(
+                "worker %s: Redis is back; resuming",
+                self.name,
+                extra={"action": "worker_redis_restored", "domain": "worker"},
+            )
+            return
+
+    def _flush_pending_after_outage(self) -> None:
+        if self._pending is not None and not self.connection.exists(self._pending[0].key):
+            self._pending = None  # Redis lost the job: writing its end would create a stub hash
+        self._flush_pending()
