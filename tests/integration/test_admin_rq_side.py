@@ -56,7 +56,7 @@ def test_a_silent_pipeline_worker_on_another_host_is_dead_since_its_last_heartbe
     running = job("agent", "running", dispatched_ago=120, started_ago=100)
     rq_job = enqueue(redis_conn, "agent", running.pk)
     redis_conn.lrem("rq:queue:agent", 0, rq_job.id)
-    w.prepare_job_execution(rq_job)
+    w._write_start(rq_job, Queue("agent", connection=redis_conn, serializer=JSONSerializer))  # the worker's start
     beat_at(redis_conn, rq_job, 100)  # the job's own heartbeat: written when it started, 100 s ago
     waiting = job("agent", "queued", dispatched_ago=5)
     envelope(waiting, "dispatched", created_ago=6, dispatched_ago=5)
@@ -88,6 +88,7 @@ def test_a_silent_pipeline_worker_on_another_host_is_dead_since_its_last_heartbe
     assert data["domains"]["agent"]["rq"]["live_workers"] == 0
     assert any(b["key"] == "no-worker" and b["text"].startswith("agent:") for b in data["banners"])
     (row,) = [w for w in data["rq"]["workers"] if w["name"] == "w-remote"]
+    assert row["current_job"] == rq_job.id  # from RQ's executions set: PipelineWorker writes no current_job field
     assert row["dead_since"] == last.isoformat().replace(last.isoformat()[19:26], row["dead_since"][19:26])
     live = text(client.get(LIVE))
     assert f"DEAD, not alive since {since}" in live
