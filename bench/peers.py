@@ -24,6 +24,7 @@ Variants: ``productflow`` (the project's worker, ``manage.py runworkers``),
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 from bench import Context, record, side_by_side
 from bench.procs import Proc, one_shot
@@ -79,6 +80,21 @@ def _ours_times(ids: list[int], column: str) -> dict[int, float]:
         return {row[0]: float(row[1]) for row in cursor.fetchall()}
 
 
+def _ours_in_rq(env, ids: list[int]) -> dict[int, float]:
+    """job id -> when the dispatcher put it in RQ (the job hash's ``enqueued_at``, set right before the send)."""
+    from datetime import datetime
+
+    pipe = env.redis().pipeline(transaction=False)
+    for i in ids:
+        pipe.hget(f"rq:job:pf-{i}-1", "enqueued_at")
+    out = {}
+    for i, raw in zip(ids, pipe.execute(), strict=True):
+        if raw:
+            at = datetime.strptime(raw.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            out[i] = at.timestamp()
+    return out
+
+
 def _ours(ctx: Context, kind: str) -> dict:
     from bench.load import Child
 
@@ -114,6 +130,17 @@ def _ours(ctx: Context, kind: str) -> dict:
                         hop = summarize([(dispatched[i] - committed[i]) * 1000 for i in ids if i in dispatched])
                         metrics[f"w{w}_dispatched_p50_ms_at{int(r)}"] = hop["p50"]
                         metrics[f"w{w}_dispatched_p99_ms_at{int(r)}"] = hop["p99"]
+                        # dispatched_at is stamped by the mark, after the send and on the marker thread; the
+                        # job hash's enqueued_at is when the send began: commit -> in RQ, the hop itself.
+                        in_rq = _ours_in_rq(env, ids)
+                        hop = summarize([(in_rq[i] - committed[i]) * 1000 for i in ids if i in in_rq])
+                        metrics[f"w{w}_in_rq_p50_ms_at{int(r)}"] = hop["p50"]
+                        metrics[f"w{w}_in_rq_p99_ms_at{int(r)}"] = hop["p99"]
+                        rq_wait = summarize(
+                            [(started[i] - in_rq[i]) * 1000 for i in ids if i in in_rq and i in started]
+                        )
+                        metrics[f"w{w}_rq_to_start_p50_ms_at{int(r)}"] = rq_wait["p50"]
+                        metrics[f"w{w}_rq_to_start_p99_ms_at{int(r)}"] = rq_wait["p99"]
                 finally:
                     producer.stop()
         finally:
