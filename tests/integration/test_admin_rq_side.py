@@ -173,3 +173,21 @@ def test_a_job_taken_but_not_started_by_a_dead_worker_names_that_worker(client, 
     assert f"by worker w-taker, not started yet: DEAD, not alive since {since}" in page
     redis_conn.delete(w.key)  # its hash expired: when it last beat is no longer known
     assert "taken by w-taker, not alive since an unknown time" in text(client.get(f"{JOBS}?domain__exact=agent"))
+
+
+@pytest.mark.django_db
+def test_no_count_on_the_dashboard_is_without_its_link(client, redis_conn):
+    j = job("delivery", "failed", dispatched_ago=70, started_ago=60, finished_ago=50)
+    envelope(j, "dispatched", created_ago=71, dispatched_ago=70)
+    client.force_login(staff("viewer", *VIEW))
+    live = client.get(LIVE).content.decode()
+    checked = 0
+    for table in ("pf-domains", "pf-rq", "pf-failures"):
+        body = re.search(rf'<table id="{table}">(.*?)</table>', live, re.S).group(1)
+        for cell in re.findall(r'<td class="num[^"]*">(.*?)</td>', body, re.S):
+            shown = " ".join(re.sub(r"<[^>]+>", " ", cell).split())
+            counts = re.findall(r"(?<![\d.%])\d+(?:\.\d+)?(?![\d.]*\s*(?:ms|s|min|h|%))", shown)
+            if re.fullmatch(r"[\d./ ]+|\d+% of \d+|\d+ \(of \d+ registered\)", shown):
+                assert len(re.findall(r"<a ", cell)) >= len(counts) - ("registered" in shown), (table, shown)
+                checked += len(counts)
+    assert checked > 50
