@@ -6,6 +6,7 @@ import pytest
 from django.test import override_settings
 
 from dispatch_app.tasks.compat import task_enqueued, task_finished, task_started
+from tests.acceptance.faults.conftest import fault_tmp, shared_stack  # noqa: F401 - the fault suite's stack, reused
 
 TASKS = {
     "default": {
