@@ -191,3 +191,50 @@ def test_no_count_on_the_dashboard_is_without_its_link(client, redis_conn):
                 assert len(re.findall(r"<a ", cell)) >= len(counts) - ("registered" in shown), (table, shown)
                 checked += len(counts)
     assert checked > 50
+
+
+@pytest.mark.django_db
+def test_the_domain_charts_count_each_attempt_in_its_minute_with_the_p95_waits(redis_conn):
+    """Dispatches and waits by dispatch minute, finishes and failures by finish minute, per domain; a retried job's
+    first attempt (superseded after starting) is a finish of that attempt, its failure counts once."""
+    from django.db import connection
+
+    from tests.integration.opsdata import attempt_row, percentile_cont
+
+    # Minute 2 ago (dispatched 150 s ago): three delivery attempts with outbox waits 1, 2, 4 s and RQ waits 0.5, 1, 3 s.
+    outbox, rq = [1.0, 2.0, 4.0], [0.5, 1.0, 3.0]
+    for i, (o, q) in enumerate(zip(outbox, rq, strict=True)):
+        j = job("delivery", "succeeded" if i else "failed")
+        attempt_row(
+            j,
+            1,
+            outcome="succeeded" if i else "failed",
+            created_ago=150 + o,
+            due_ago=150 + o,
+            dispatched_ago=150,
+            started_ago=150 - q,
+            finished_ago=30,
+        )
+    # Minute 0: one agent attempt dispatched, not started yet (counted from its envelope), and a workflow job whose
+    # first attempt was superseded after it started (a recovery re-dispatch) and whose second ended outcome_unknown.
+    attempt_row(job("agent", "queued"), 1, created_ago=10, dispatched_ago=9)
+    w = job("workflow", "outcome_unknown", attempt=2)
+    attempt_row(w, 1, outcome="superseded", created_ago=40, dispatched_ago=39, started_ago=38, finished_ago=20)
+    attempt_row(w, 2, outcome="outcome_unknown", created_ago=20, dispatched_ago=19, started_ago=18, finished_ago=5)
+    with connection.cursor() as cursor:
+        charts = board.charts(cursor)
+
+    def at(domain, minutes_ago):
+        (point,) = [p for p in charts[domain] if p["minutes_ago"] == minutes_ago]
+        return point
+
+    assert len(charts["delivery"]) == 60 and charts["delivery"][0]["minutes_ago"] == 59  # oldest first
+    d2 = at("delivery", 2)
+    assert d2["dispatched"] == 3
+    assert d2["outbox_p95"] == pytest.approx(percentile_cont(outbox, 0.95), abs=0.01)
+    assert d2["rq_p95"] == pytest.approx(percentile_cont(rq, 0.95), abs=0.01)
+    assert (at("delivery", 0)["finished"], at("delivery", 0)["failed"]) == (3, 1)
+    assert sum(p["dispatched"] for p in charts["delivery"]) == 3
+    assert (at("agent", 0)["dispatched"], at("agent", 0)["rq_p95"]) == (1, None)
+    assert at("workflow", 0)["dispatched"] == 2 and at("workflow", 0)["finished"] == 2
+    assert sum(p["failed"] for p in charts["workflow"]) == 1
