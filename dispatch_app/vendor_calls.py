@@ -15,8 +15,12 @@ domain's work) and, per call, reads the ledger first:
   ``VENDOR_EVIDENCE_TRUST_SECONDS``.
 
 Each record is committed on its own (autocommit, outside any transaction), so
-it survives the worker dying a moment later; a success's settle does not wait
-for its WAL flush (``SETTLE_SUCCEEDED_SQL``): one durable commit per call. Recording is fenced on the
+it survives the worker dying a moment later. A success's outcome rides with the
+attempt's next write (the next call's record, ``RECORD_SETTLING_SQL``), or is
+written right before the job's finish without waiting for its WAL flush
+(``SETTLE_SUCCEEDED_SQL``): one commit per call instead of two. A worker that
+dies between a call's answer and that write leaves the call "pending", as one
+dying between the answer and a settle of its own did. Recording is fenced on the
 attempt: an attempt that recovery has moved on makes no more calls.
 """
 
@@ -28,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
@@ -54,6 +58,14 @@ SELECT j.id, %(attempt)s, %(seq)s, %(purpose)s, %(request_id)s, 'pending', clock
 FROM j
 RETURNING id
 """
+
+# The same record, carrying the outcome of the attempt's previous call (succeeded) in the same statement:
+# one commit per call instead of a record and a settle. That outcome's finished_at is when it was written.
+RECORD_SETTLING_SQL = f"""
+WITH settled AS (
+    UPDATE {TABLE} SET status = 'succeeded', result = %(settled_result)s, error = '', finished_at = clock_timestamp()
+    WHERE id = %(settled_id)s AND status IN ('pending', 'unknown')
+), """ + RECORD_SQL.strip().removeprefix("WITH ")
 
 RECORDED_SQL = f"""
 SELECT id FROM {TABLE} WHERE job_id = %(job)s AND seq = %(seq)s AND request_id = %(request_id)s
@@ -143,14 +155,27 @@ def unsettled(job_id: int) -> list[Call]:
     return [call for call in latest_calls(job_id).values() if call.status in UNSETTLED]
 
 
-def record(job_id: int, attempt: int, seq: int, purpose: str, request_id: str) -> int:
+def record(
+    job_id: int, attempt: int, seq: int, purpose: str, request_id: str, settled: tuple[int, Any] | None = None
+) -> int:
     """Record a call before it is made; one retry on a fresh connection if the old one had died.
 
     The call is not made yet, so a lost connection here must not fail the job.
     The request id is new for this call: a row already carrying it is this
-    record, committed before its answer was lost, and is not inserted twice.
+    record, committed before its answer was lost, and is not inserted twice
+    (nor is ``settled``, written in the same statement).
+
+    ``settled``: (call id, result) of the attempt's previous call, which
+    succeeded and whose outcome is written by this statement. It is written
+    even when the attempt has moved on (``AttemptSuperseded``): it took effect.
     """
+    from psycopg.types.json import Jsonb
+
     params = {"job": job_id, "attempt": attempt, "seq": seq, "purpose": purpose[:200], "request_id": request_id}
+    sql = RECORD_SQL
+    if settled is not None:
+        sql = RECORD_SETTLING_SQL
+        params.update(settled_id=settled[0], settled_result=Jsonb(settled[1]) if settled[1] is not None else None)
 
     def run(cursor, retry: bool):
         if retry:
@@ -158,7 +183,7 @@ def record(job_id: int, attempt: int, seq: int, purpose: str, request_id: str) -
             row = cursor.fetchone()
             if row is not None:
                 return row
-        cursor.execute(RECORD_SQL, params)
+        cursor.execute(sql, params)
         return cursor.fetchone()
 
     row = once_more_on_fresh_connection(
@@ -232,6 +257,9 @@ class Ledger:
         self.next_seq = 0
         # A first attempt has nothing to resume (no attempt before it recorded anything): no query.
         self._prior: dict[int, Call] | None = {} if attempt == 1 else None
+        # (call id, result) of a call that succeeded and whose outcome rides with the attempt's next
+        # write: the next call's record, or ``write_outcome`` (the worker's, before the finish).
+        self._unwritten: tuple[int, Any] | None = None
 
     def _earlier(self, seq: int) -> Call | None:
         if self._prior is None:
@@ -243,7 +271,37 @@ class Ledger:
         # The provider raises ProviderTimeout itself at `timeout`; this guard only catches one that does not.
         return timeout + max(1.0, timeout * 0.1)
 
+    def write_outcome(self, *, quiet: bool = False) -> None:
+        """Write the outcome still riding (a succeeded call's), on its own: the work ended or broke.
+
+        ``quiet``: on the way out of an exception, a database error is logged, not raised over it;
+        the call then reads "pending" (in doubt), as if the worker had died right after it.
+        """
+        if self._unwritten is None:
+            return
+        call_id, result = self._unwritten
+        self._unwritten = None
+        try:
+            settle(call_id, SUCCEEDED, result=result)
+        except DatabaseError as exc:
+            if not quiet:
+                raise
+            log.warning(
+                "job %s: the outcome of vendor call %s (succeeded) could not be saved: %s",
+                self.job_id,
+                call_id,
+                exc,
+                extra={"action": "vendor_outcome_unsaved", "domain": "worker"},
+            )
+
     def call(self, purpose: str, fn: Callable[[str], Any], *, verifiable: bool) -> Any:
+        try:
+            return self._call(purpose, fn, verifiable)
+        except BaseException:
+            self.write_outcome(quiet=True)
+            raise
+
+    def _call(self, purpose: str, fn: Callable[[str], Any], verifiable: bool) -> Any:
         seq = self.next_seq
         self.next_seq += 1
         earlier = self._earlier(seq)
@@ -261,7 +319,14 @@ class Ledger:
                 if resumed is not None:
                     return resumed
         request_id = self.provider.new_request_id()
-        call_id = record(self.job_id, self.attempt, seq, purpose, request_id)
+        riding, self._unwritten = self._unwritten, None
+        try:
+            call_id = record(self.job_id, self.attempt, seq, purpose, request_id, settled=riding)
+        except AttemptSuperseded:
+            raise  # the statement ran: the outcome it carried is written
+        except BaseException:
+            self._unwritten = riding  # not written: call() writes it on the way out
+            raise
         try:
             result = call_with_timeout(lambda: fn(request_id), self._timeout(), f"{purpose} ({request_id})")
         except VendorCallInDoubt:
@@ -277,7 +342,7 @@ class Ledger:
             # Whatever broke, the vendor may have acted: in doubt, never "failed".
             settle(call_id, UNKNOWN, error=f"{type(exc).__name__}: {exc}")
             raise
-        settle(call_id, SUCCEEDED, result=result)
+        self._unwritten = (call_id, result)
         return result
 
     def _settle_earlier(self, earlier: Call, verifiable: bool) -> Any | None:

@@ -30,6 +30,7 @@ log = logging.getLogger("dispatch_app.worker")
 # Job.error: "<module.ExceptionClass>: <message>", a blank line, the traceback; at most this long.
 ERROR_MAX_CHARS = 8000
 
+
 @dataclass
 class WorkContext:
     job_id: int
@@ -60,6 +61,12 @@ class WorkContext:
         if ledger is None:
             ledger = self._ledger = Ledger(self.job_id, self.attempt, self.provider)
         return ledger.call(purpose, call, verifiable=verifiable)
+
+    def write_outcome(self, *, quiet: bool = False) -> None:
+        """The last succeeded call's outcome, which the ledger writes with its next record (none came)."""
+        ledger = getattr(self, "_ledger", None)
+        if ledger is not None:
+            ledger.write_outcome(quiet=quiet)
 
 
 def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
@@ -180,7 +187,12 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
 
     ctx = WorkContext(job_id=job_id, attempt=attempt, payload=payload, provider=get_provider())
     try:
-        result = domain.work(ctx)
+        try:
+            result = domain.work(ctx)
+        except BaseException:
+            ctx.write_outcome(quiet=True)
+            raise
+        ctx.write_outcome()
     except ProviderError as exc:
         return _provider_failed(domain, job_id, attempt, exc)
     except (OperationalError, InterfaceError) as exc:

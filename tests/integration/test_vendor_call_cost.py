@@ -1,0 +1,72 @@
+"""What a vendor call costs PostgreSQL: one commit per call, its outcome riding with the next write."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from dispatch_app import domains, submit
+from dispatch_app.models import Job, JobStatus
+from dispatch_app.worker import execute
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the worker runs in autocommit, as in a worker process
+
+STEPS = ["fetch", "resize", "tag"]
+
+
+def calls(job_id):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq, status, result, finished_at IS NOT NULL FROM dispatch_app_vendorcall "
+            "WHERE job_id = %s ORDER BY seq",
+            [job_id],
+        )
+        return cursor.fetchall()
+
+
+def test_three_calls_cost_three_records_and_one_settle():
+    job = submit("workflow", {"workflow_id": "wf-cost", "steps": STEPS})
+    with CaptureQueriesContext(connection) as queries:
+        assert execute("workflow", job.pk, 1) == {"succeeded": True}
+
+    kinds = []
+    for q in queries.captured_queries:
+        sql = " ".join(q["sql"].split())
+        if "INSERT INTO dispatch_app_vendorcall" in sql:
+            kinds.append("record+settle" if sql.startswith("WITH settled AS") else "record")
+        elif sql.startswith("UPDATE dispatch_app_vendorcall"):
+            kinds.append("settle")
+        else:
+            kinds.append(sql.split()[0])
+    # The start, each call's record (carrying the previous call's outcome), the last outcome, the finish:
+    # 6 statements where a record and a settle per call took 8.
+    assert kinds == ["UPDATE", "record", "record+settle", "record+settle", "settle", "UPDATE"], kinds
+    assert [(seq, status, done) for seq, status, _, done in calls(job.pk)] == [
+        (0, "succeeded", True),
+        (1, "succeeded", True),
+        (2, "succeeded", True),
+    ]
+    assert [json.loads(result)["step"] for _, _, result, _ in calls(job.pk)] == STEPS  # raw cursor: jsonb text
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_an_outcome_still_riding_is_written_when_the_work_breaks():
+    workflow = domains.get_domain("workflow")
+
+    def one_call_then_crash(ctx):
+        workflow.work(ctx)  # its one step
+        raise Boom("after the call")
+
+    job = submit("workflow", {"workflow_id": "wf-crash", "steps": ["fetch"]})
+    with domains.registry.replaced(dataclasses.replace(workflow, work=one_call_then_crash)):
+        assert execute("workflow", job.pk, 1) == {"failed": "after the call"}
+    # The call took effect before the crash: it reads succeeded, not pending (in doubt).
+    assert [(seq, status) for seq, status, _, _ in calls(job.pk)] == [(0, "succeeded")]
