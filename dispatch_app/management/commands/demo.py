@@ -22,6 +22,7 @@ from dispatch_app.demo_payloads import demo_domain_keys
 from dispatch_app.latency import format_table, stage_latencies
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 from dispatch_app.management.commands.loadgen import generate, progress_bar
+from dispatch_app.rqworker.runner import default_processes
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 
@@ -66,7 +67,7 @@ class Command(BaseCommand):
         parser.add_argument("--rate", type=positive_float, default=200.0, help="jobs per second (default 200)")
         parser.add_argument("--domains", type=domain_list, help="comma-separated subset of domains (default: all)")
         parser.add_argument(
-            "--workers", type=positive_int, help="worker processes (default: the number of cores, as runworkers)"
+            "--workers", type=positive_int, help="worker processes (default: two per core, as runworkers)"
         )
         parser.add_argument("--timeout", type=positive_float, default=300.0, help="give up after this many seconds")
 
@@ -74,7 +75,7 @@ class Command(BaseCommand):
         domains = options["domains"] or demo_domain_keys()
         log_dir = Path(settings.BASE_DIR) / "var" / "demo"
         log_dir.mkdir(parents=True, exist_ok=True)
-        workers = options["workers"] or os.cpu_count() or 1
+        workers = options["workers"] or default_processes()
         processes = [_spawn(["rundispatcher", "--no-recovery"], log_dir / "rundispatcher.log")]
         processes.append(_spawn(["runworkers", "--processes", str(workers)], log_dir / "runworkers.log"))
         self.stdout.write(f"started rundispatcher and runworkers ({workers} worker process(es)); logs in {log_dir}")

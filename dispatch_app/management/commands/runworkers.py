@@ -8,12 +8,10 @@ dispatch_app.rqworker.runner.
 
 from __future__ import annotations
 
-import os
-
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.management.commands._args import positive_int
-from dispatch_app.rqworker.runner import BadQueues, Plan, one_server, parse_queues, run
+from dispatch_app.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
 
 
 class Command(BaseCommand):
@@ -24,7 +22,7 @@ class Command(BaseCommand):
             "--queues", help="comma-separated queues to serve (default: every domain queue, in priority order)"
         )
         parser.add_argument(
-            "--processes", type=positive_int, default=None, help="worker processes (default: the number of cores)"
+            "--processes", type=positive_int, default=None, help="worker processes (default: two per core)"
         )
         parser.add_argument(
             "--max-jobs", type=positive_int, help="a worker process exits after this many jobs and is replaced"
@@ -40,7 +38,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         plan = Plan(
             queues=queues,
-            processes=options["processes"] or os.cpu_count() or 1,
+            processes=options["processes"] or default_processes(),
             burst=options["burst"],
             max_jobs=options["max_jobs"],
             logging_level=options["log_level"].upper(),
