@@ -14,13 +14,13 @@ Their start and end are the database's timestamps of that attempt (``JobAttempt`
 ``started_at``), cut into stages by ``dispatch_app.stages``, the one definition the dashboard uses too: never a
 host's clock. Attributes: ``productflow.job.id``, ``productflow.job.attempt``, ``productflow.job.domain``,
 ``productflow.stage``; the run adds ``productflow.job.outcome`` and ``productflow.worker``, and is an error
-span unless the attempt succeeded (or is still going on: a vendor call in doubt left for recovery).
+span when the attempt failed, ended outcome_unknown or was superseded (a retry, recovery's re-dispatch).
 
 Costs. Without ``opentelemetry-api`` installed, or without a tracer provider configured (the API's default
 proxy or a no-op provider), every hook returns after a check or two: no query, no allocation worth counting.
 Capturing the context adds no statement and no round trip to the submit (it is one more parameter of its one
 statement). With a tracer provider configured: the dispatcher reads its marked batch's traced envelopes in one
-query per batch (in its marker thread, off the send path), and the worker reads a traced attempt's times in
+query per batch, traced or not (in its marker thread, off the send path), and the worker reads a traced attempt's times in
 one query when its run ends. A job submitted outside any span (``trace_context`` NULL) costs nothing more,
 with or without a provider. Sampling follows the submitting span (the SDK's default ``ParentBased`` sampler):
 a request that was not sampled produces no job spans.
@@ -247,7 +247,7 @@ def job_ended() -> None:
             span.set_attribute(ATTR_OUTCOME, outcome or "running")
             if worker:
                 span.set_attribute(ATTR_WORKER, worker)
-            if outcome not in ("", "succeeded"):
+            if outcome in ("failed", "outcome_unknown", "superseded"):
                 headline = stages.split_error(timeline.error)[1] if timeline.error else ""
                 span.set_status(Status(StatusCode.ERROR, f"{outcome}: {headline}" if headline else outcome))
             if run.start is not None:
