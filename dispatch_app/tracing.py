@@ -20,10 +20,10 @@ Costs. Without ``opentelemetry-api`` installed, or without a tracer provider con
 proxy or a no-op provider), every hook returns after a check or two: no query, no allocation worth counting.
 Capturing the context adds no statement and no round trip to the submit (it is one more parameter of its one
 statement). With a tracer provider configured: the dispatcher reads its marked batch's traced envelopes in one
-query per batch, traced or not (in its marker thread, off the send path), and the worker reads a traced attempt's times in
-one query when its run ends. A job submitted outside any span (``trace_context`` NULL) costs nothing more,
-with or without a provider. Sampling follows the submitting span (the SDK's default ``ParentBased`` sampler):
-a request that was not sampled produces no job spans.
+query per batch, traced or not (in its marker thread, off the send path), and the worker reads a traced
+attempt's times in one query when its run ends. A job submitted outside any span (``trace_context`` NULL)
+costs nothing more in the worker, with or without a provider. Sampling follows the submitting span (the
+SDK's default ``ParentBased`` sampler): a request that was not sampled produces no job spans.
 
 Tracing never fails a job or a dispatch: an error here is logged and the spans are dropped.
 """
