@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from dispatch_app.worker import execute
 
-_entries: dict = {}
-
 
 def __getattr__(key: str):
     if key.startswith("__"):
         raise AttributeError(key)
-    entry = _entries.get(key)
-    if entry is None:
 
-        def entry(job_id: int, attempt: int) -> dict:
-            return execute(key, job_id, attempt)
+    def entry(job_id: int, attempt: int) -> dict:
+        return execute(key, job_id, attempt)
 
-        entry.__name__ = entry.__qualname__ = key
-        entry.__module__ = __name__
-        _entries[key] = entry
+    entry.__name__ = entry.__qualname__ = key
+    entry.__module__ = __name__
+    # A module attribute from now on: later lookups (one per job) are plain ones, no __getattr__.
+    globals()[key] = entry
     return entry
