@@ -99,7 +99,9 @@ class Domain:
     description: str = ""
 
     def __post_init__(self):
-        if not self.task_path and isinstance(self.key, str):
+        # The shipped entry point runs the domain its path names, so it always names this one (also after
+        # dataclasses.replace(domain, key=...), which passes the old key's path along).
+        if (not self.task_path or self.task_path.startswith(DEFAULT_TASK_PREFIX)) and isinstance(self.key, str):
             object.__setattr__(self, "task_path", DEFAULT_TASK_PREFIX + self.key)
 
     def validate(self, payload: Any) -> dict:

@@ -99,9 +99,16 @@ def register(domain: Domain) -> Domain:
     with _lock:
         others = _domains if _domains is not None else {}
         registered = _add(_from_code, domain, others, "register()")
-        if _domains is not None:
-            _domains.setdefault(registered.key, registered)
+        if _domains is not None and registered.key not in _domains:
+            # Copied, not changed in place: a reader may be iterating the one it holds.
+            _set_loaded({**_domains, registered.key: registered})
         return registered
+
+
+def _set_loaded(domains: dict[str, Domain]) -> None:
+    global _domains
+    _domains = domains
+    redis_servers.add_queue_entries(tuple(dict.fromkeys(d.queue for d in domains.values())))
 
 
 def _resolve(path: object) -> list[Domain]:
@@ -137,7 +144,7 @@ def _task_domains() -> list[Domain]:
 
 
 def _load() -> dict[str, Domain]:
-    global _domains, _loading
+    global _loading
     with _lock:
         if _domains is not None:
             return _domains
@@ -156,10 +163,9 @@ def _load() -> dict[str, Domain]:
                 _add(loaded, domain, {}, "dispatch_app.tasks.declare.task_domains()")
             for domain in _from_code.values():
                 _add(loaded, domain, {}, "register()")
-            _domains = loaded
+            _set_loaded(loaded)
         finally:
             _loading = False
-        redis_servers.add_queue_entries(tuple(dict.fromkeys(d.queue for d in loaded.values())))
         return _domains
 
 

@@ -201,3 +201,10 @@ def test_any_import_order_works_and_no_domain_imports_the_worker(first):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_shipped_entry_point_always_names_the_domains_own_key():
+    copy = dataclasses.replace(project.DOMAIN, key="thumbnail_v2")
+    assert copy.task_path == "dispatch_app.run.thumbnail_v2"
+    own = Domain(key="billing", queue="billing", task_path="myapp.tasks.bill")
+    assert dataclasses.replace(own, key="billing_v2").task_path == "myapp.tasks.bill"
