@@ -26,6 +26,7 @@ SCENARIOS: dict[str, str] = {
     "submit-cost": "bench.submit_cost",
     "worker-ceiling": "bench.worker_ceiling",
     "pipeline-cpu": "bench.pipeline_cpu",
+    "tasks-enqueue": "bench.tasks_enqueue",
 }
 
 

@@ -17,9 +17,10 @@ from dispatch_app.tasks.compat import (
     InvalidTask,
     TaskResult,
     TaskResultStatus,
-    normalize_json,
     task_enqueued,
 )
+
+VALIDATED_MAX = 1024
 
 
 class OutboxBackend(BaseTaskBackend):
@@ -35,6 +36,10 @@ class OutboxBackend(BaseTaskBackend):
         super().__init__(alias, params)
         # Checked now, so a bad OPTIONS fails at the first use of the backend, naming the key.
         self.policies = declare.queue_policies(alias, params)
+        # Tasks already validated by this backend. A Task is frozen and what validate_task reads (the
+        # backend's queues and policies) lives as long as this instance (a TASKS change makes a new one),
+        # so a task defined once and enqueued often pays the signature inspection once, not per enqueue.
+        self._validated: set = set()
 
     def validate_task(self, task) -> None:
         super().validate_task(task)
@@ -47,34 +52,45 @@ class OutboxBackend(BaseTaskBackend):
                 "(dispatch_app.tasks) or put it on a queue that is not retry-safe."
             )
 
+    def _validate_once(self, task) -> None:
+        if task in self._validated:
+            return
+        self.validate_task(task)
+        if len(self._validated) >= VALIDATED_MAX:  # e.g. many distinct run_after values
+            self._validated.clear()
+        self._validated.add(task)
+
     def enqueue(self, task, args, kwargs) -> TaskResult:
         from dispatch_app.outbox import submit
 
-        self.validate_task(task)
+        self._validate_once(task)
+        # Built first: its __post_init__ normalises the arguments to JSON (a TypeError names what is not).
+        task_result = TaskResult(
+            task=task,
+            id="",
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
         payload = {
             "task": task.module_path,
-            "args": normalize_json(list(args)),
-            "kwargs": normalize_json(dict(kwargs)),
+            "args": task_result.args,
+            "kwargs": task_result.kwargs,
             "backend": self.alias,
         }
         try:
             job = submit(task.queue_name, payload, available_at=task.run_after)
         except ValidationError as exc:
             raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {'; '.join(exc.messages)}") from None
-        task_result = TaskResult(
-            task=task,
-            id=str(job.id),
-            status=TaskResultStatus.READY,
-            enqueued_at=job.submitted_at,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=payload["args"],
-            kwargs=payload["kwargs"],
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        object.__setattr__(task_result, "id", str(job.id))
+        object.__setattr__(task_result, "enqueued_at", job.submitted_at)
         # As Django documents: sent by enqueue. Inside the caller's transaction it may still be rolled back.
         task_enqueued.send(type(self), task_result=task_result)
         return task_result
