@@ -35,3 +35,13 @@ def returns_no_json():
 @retry_safe
 def safe_attempt(context):
     return context.attempt
+
+
+@task(takes_context=True)
+@retry_safe
+def vendor_refuses_once(context):
+    from dispatch_app.providers import ProviderError
+
+    if context.attempt == 1:
+        raise ProviderError("vendor said no")
+    return context.attempt

@@ -109,3 +109,28 @@ def test_cancelled_and_outcome_unknown_are_failed_with_a_named_error(status, err
     expected = error_class if isinstance(error_class, str) else f"{error_class.__module__}.{error_class.__qualname__}"
     assert error.exception_class_path == expected and error.traceback == "operator said so"
     assert issubclass(error.exception_class, Exception)
+
+
+def test_an_error_the_worker_retries_fails_a_task_on_a_queue_that_is_not_retry_safe(redis_conn):
+    result = sample.vendor_refuses_once.enqueue()
+    run_all(redis_conn)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    assert result.errors[0].exception_class_path == "dispatch_app.tasks.errors.ErrorNotRetried"
+    assert "ProviderError: vendor said no" in result.errors[0].traceback
+
+
+def test_on_a_retry_safe_queue_the_same_error_becomes_the_next_attempt(redis_conn, safe_queue):
+    result = sample.vendor_refuses_once.using(queue_name="safe").enqueue()
+    run_all(redis_conn)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.status, job.attempt) == ("submitted", 2)
+    with connection.cursor() as cursor:  # the retry's backoff, skipped: due now on the database clock
+        cursor.execute(
+            "UPDATE dispatch_app_dispatchenvelope SET available_at = clock_timestamp() "
+            "WHERE job_id = %s AND status = 'pending'",
+            [job.pk],
+        )
+    run_all(redis_conn)
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (TaskResultStatus.SUCCESSFUL, 2, 2)
