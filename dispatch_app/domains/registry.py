@@ -115,12 +115,14 @@ def _resolve(path: object) -> list[Domain]:
     if not isinstance(path, str) or not _DOTTED.match(path):
         raise DomainError(f"PRODUCTFLOW_DOMAINS: {path!r} is not a dotted path to a module or a Domain")
     try:
-        return [importlib.import_module(path).DOMAIN]
+        module = importlib.import_module(path)
     except ModuleNotFoundError as exc:
         if exc.name != path:
             raise  # the module exists but imports something missing: show that error, not ours
-    except AttributeError:
-        raise DomainError(f"PRODUCTFLOW_DOMAINS: module {path!r} has no DOMAIN") from None
+    else:
+        if not hasattr(module, "DOMAIN"):
+            raise DomainError(f"PRODUCTFLOW_DOMAINS: module {path!r} has no DOMAIN")
+        return [module.DOMAIN]
     module_path, _, name = path.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module_path), name)
@@ -145,6 +147,9 @@ def _task_domains() -> list[Domain]:
 
 def _load() -> dict[str, Domain]:
     global _loading
+    domains = _domains
+    if domains is not None:
+        return domains  # loaded: no lock on the read path (the worker reads it once per job)
     with _lock:
         if _domains is not None:
             return _domains
