@@ -4,7 +4,8 @@ Side by side, interleaved, one job at a time on the bench database (the
 envelope triggers armed as with an idle dispatcher, so every variant pays the
 same NOTIFY): raw psycopg (BEGIN; job; envelope; COMMIT), the same through
 Django's cursor, ``submit`` as it was (validation, ``bulk_create`` x2 inside
-``atomic()``), and ``submit`` as shipped (validation, one statement).
+``atomic()``), ``submit`` as shipped (validation, one statement), and ``submit`` called inside a recording
+OpenTelemetry span (its W3C trace context captured into the same statement; needs requirements/tracing.txt).
 CPU is this process's (``time.process_time``), per submit.
 """
 
@@ -18,7 +19,7 @@ from bench import Context, record, side_by_side
 from bench.stats import ratio
 
 NAME = "submit-cost"
-VARIANTS = ["psycopg-2-inserts", "django-cursor-2-inserts", "submit-orm-before", "submit"]
+VARIANTS = ["psycopg-2-inserts", "django-cursor-2-inserts", "submit-orm-before", "submit", "submit-in-span"]
 
 _JOB = (
     "INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id) "
@@ -64,11 +65,28 @@ def _variants(raw):
     def shipped():
         submit("delivery", payload)
 
+    def in_span():
+        # One recording span made current around each submit; the span itself is made once: its cost is
+        # the caller's, the capture (and the larger row) is the submit's.
+        if in_span.span is None:
+            try:
+                from opentelemetry import trace
+                from opentelemetry.sdk.trace import TracerProvider
+            except ImportError:
+                raise RuntimeError("opentelemetry-sdk is not installed (pip install -r requirements/tracing.txt)")
+            in_span.span = TracerProvider().get_tracer("bench").start_span("request")
+            in_span.use = trace.use_span
+        with in_span.use(in_span.span):
+            submit("delivery", payload)
+
+    in_span.span = None
+
     return {
         "psycopg-2-inserts": psycopg_plain,
         "django-cursor-2-inserts": django_plain,
         "submit-orm-before": orm_before,
         "submit": shipped,
+        "submit-in-span": in_span,
     }
 
 
