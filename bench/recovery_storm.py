@@ -6,7 +6,10 @@ period 1 s, no jitter, B = 25), in the dispatcher's recovery child process at
 nice +10, its sessions committing asynchronously and its rounds yielding to an
 outbox backlog, re-dispatch or finish stale jobs through the outbox while the
 dispatch loop serves new jobs.
-``on, no yield``: the same without the yield (``--recovery-no-yield``).
+``on, no yield`` (not in the default list): the same without the yield (``--recovery-no-yield``).
+``on, backends niced``: an experiment, not the product: the same, and the bench
+(root on PostgreSQL's host) renices the child's PostgreSQL backends (found by
+their application_name) to nice 10 as they appear.
 ``on, as before``: the child as it was before both (``--recovery-sync-commit
 --recovery-no-yield``).
 ``on, in process``: the same loops as threads of the dispatcher process
@@ -29,7 +32,7 @@ from bench.load import latency_run, seed_stale
 from bench.stats import ratio
 
 NAME = "recovery-storm"
-VARIANTS = ["off", "on", "on, no yield", "on, as before", "on, in process"]
+VARIANTS = ["off", "on", "on, backends niced", "on, as before", "on, in process"]
 STALE_SECONDS = 600.0
 
 AGE_SQL = """
@@ -108,10 +111,17 @@ class CpuSplit:
         return out
 
 
+RECOVERY_BACKENDS_SQL = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s"
+
+
 class Sampler:
-    def __init__(self, env, domains):
+    def __init__(self, env, domains, *, nice_recovery_backends: int = 0):
         self.env = env
         self.domains = domains
+        # An experiment, not the product: with root on PostgreSQL's own host, renice the recovery child's backends.
+        self.nice_recovery_backends = nice_recovery_backends
+        self.reniced: set[int] = set()
+        self.renice_error = ""
         self.ages: dict[str, list] = {d: [] for d in domains}
         self.lock_wait_s = 0.0
         self.lock_events: dict[str, float] = {}
@@ -134,6 +144,8 @@ class Sampler:
                 if now - last_cpu >= 0.5:
                     last_cpu = now
                     self.cpu.read(conn)
+                if self.nice_recovery_backends:
+                    self._renice(conn)
                 waiting, backends, events = conn.execute(WAIT_SQL).fetchone()
                 self.lock_wait_s += waiting * 0.1
                 for event in (events or "").split(","):
@@ -147,6 +159,20 @@ class Sampler:
                     for domain in self.domains:
                         age = seen.get(domain)
                         self.ages[domain].append((round(now, 3), float(age) if age is not None else 0.0))
+
+    def _renice(self, conn) -> None:
+        import os
+
+        from dispatch_app.runtime.recovery_child import APPLICATION_NAME
+
+        for (pid,) in conn.execute(RECOVERY_BACKENDS_SQL, [APPLICATION_NAME]).fetchall():
+            if pid in self.reniced:
+                continue
+            try:
+                os.setpriority(os.PRIO_PROCESS, pid, self.nice_recovery_backends)
+                self.reniced.add(pid)
+            except OSError as exc:  # not root, or PostgreSQL on another host
+                self.renice_error = self.renice_error or f"{type(exc).__name__}: {exc}"
 
     def stop(self):
         self._stop.set()
@@ -180,7 +206,7 @@ def run(ctx: Context) -> list[dict]:
     def run_one(variant: str, index: int):
         env.reset()
         seed_stale(per_domain, domains)
-        sampler = Sampler(env, domains)
+        sampler = Sampler(env, domains, nice_recovery_backends=10 if "backends niced" in variant else 0)
         spec = {"kind": "dispatch", "listen": True, "poll": 1.0}
         extra_specs = []
         if variant.startswith("on"):
@@ -216,6 +242,7 @@ def run(ctx: Context) -> list[dict]:
                 "connect_s": child.stats.get("connect_wait_s"),
                 "claim_lock_wait_s": child.stats.get("claim_wait_s"),
                 "max_backends": sampler.max_backends,
+                "reniced_backends": len(sampler.reniced),
                 # Where the dispatcher side's CPU went: the dispatcher process, its recovery child, another process.
                 "cpu_dispatcher_s": child.stats.get("cpu_self_s"),
                 "cpu_recovery_child_s": child.stats.get("cpu_children_s"),
