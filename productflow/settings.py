@@ -241,5 +241,11 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"pgserver": {"level": "WARNING"}},
+    "loggers": {
+        "pgserver": {"level": "WARNING"},
+        # django.tasks logs every task's start and finish at INFO from its own signal receivers: two lines per
+        # job cost the worker ~0.4 ms of CPU each job (docs/benchmarks.md, tasks-enqueue). Failures still log.
+        "django_tasks": {"level": os.environ.get("TASKS_LOG_LEVEL", "WARNING")},
+        "django.tasks": {"level": os.environ.get("TASKS_LOG_LEVEL", "WARNING")},
+    },
 }

@@ -87,7 +87,9 @@ def load(result_id: Any, domains: set[str] | None = None) -> tuple[TaskResult, d
         task = import_string(payload["task"])
     except ImportError as exc:
         raise TaskResultDoesNotExist(f"job {job_id} ran task {payload['task']!r}, which no longer imports: {exc}")
-    task = task.using(queue_name=domain, backend=payload.get("backend") or task.backend)
+    backend = payload.get("backend") or task.backend
+    if (task.queue_name, task.backend) != (domain, backend):  # using() validates the task again: only if needed
+        task = task.using(queue_name=domain, backend=backend)
     # An attempt re-dispatched but not started yet has not been attempted.
     attempts = attempt if started is not None else attempt - 1
     worker_ids = [(workers[n] if n < len(workers) else "") or "" for n in range(attempts)]
