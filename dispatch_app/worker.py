@@ -37,6 +37,8 @@ class WorkContext:
     attempt: int
     payload: dict
     provider: Provider
+    # The start's database time (START_SQL returns it): dispatch_app.tasks hands it to task_started.
+    started_at: Any = None
 
     def record_vendor_request(self, request_id: str) -> None:
         """Committed before the vendor call, so recovery can ask the vendor what happened."""
@@ -185,7 +187,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
         _finish(job_id, attempt, "failed", error=f"payload rejected: {exc}")
         return {"failed": str(exc)}
 
-    ctx = WorkContext(job_id=job_id, attempt=attempt, payload=payload, provider=get_provider())
+    ctx = WorkContext(job_id=job_id, attempt=attempt, payload=payload, provider=get_provider(), started_at=row[2])
     try:
         try:
             result = domain.work(ctx)

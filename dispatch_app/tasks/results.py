@@ -68,6 +68,36 @@ def _decoded(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def _task(job_id: int, domain: str, payload: dict):
+    try:
+        task = import_string(payload["task"])
+    except ImportError as exc:
+        raise TaskResultDoesNotExist(f"job {job_id} ran task {payload['task']!r}, which no longer imports: {exc}")
+    backend = payload.get("backend") or task.backend
+    if (task.queue_name, task.backend) != (domain, backend):  # using() validates the task again: only if needed
+        task = task.using(queue_name=domain, backend=backend)
+    return task
+
+
+def running(job_id: int, queue: str, payload: dict, started_at, worker: str) -> TaskResult:
+    """The first attempt's RUNNING TaskResult, from what the worker's start returned (no read)."""
+    task = _task(job_id, queue, payload)
+    return TaskResult(
+        task=task,
+        id=str(job_id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=started_at,
+        finished_at=None,
+        last_attempted_at=started_at,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=task.backend,
+        errors=[],
+        worker_ids=[worker],
+    )
+
+
 def load(result_id: Any, domains: set[str] | None = None) -> tuple[TaskResult, dict]:
     """(TaskResult, payload) of a task job; TaskResultDoesNotExist if there is no such task job."""
     try:
@@ -83,13 +113,7 @@ def load(result_id: Any, domains: set[str] | None = None) -> tuple[TaskResult, d
     payload = _decoded(payload)
     if (domains is not None and domain not in domains) or not isinstance(payload, dict) or "task" not in payload:
         raise TaskResultDoesNotExist(f"job {job_id} is a {domain!r} job, not a task of this backend")
-    try:
-        task = import_string(payload["task"])
-    except ImportError as exc:
-        raise TaskResultDoesNotExist(f"job {job_id} ran task {payload['task']!r}, which no longer imports: {exc}")
-    backend = payload.get("backend") or task.backend
-    if (task.queue_name, task.backend) != (domain, backend):  # using() validates the task again: only if needed
-        task = task.using(queue_name=domain, backend=backend)
+    task = _task(job_id, domain, payload)
     # An attempt re-dispatched but not started yet has not been attempted.
     attempts = attempt if started is not None else attempt - 1
     worker_ids = [(workers[n] if n < len(workers) else "") or "" for n in range(attempts)]

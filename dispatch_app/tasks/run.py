@@ -9,6 +9,7 @@ start is committed) and calls the task with the JSON arguments from the payload.
 from __future__ import annotations
 
 import logging
+import threading
 
 from django.db import InterfaceError, OperationalError
 
@@ -19,8 +20,16 @@ from dispatch_app.tasks.errors import ErrorNotRetried
 
 log = logging.getLogger("dispatch_app.tasks")
 
+# The queue of the task job this thread is running (set by entry.<queue> around execute).
+_running = threading.local()
 # Outcomes of worker.execute after which the job's status is final for this attempt.
 _FINISHED = ("succeeded", "failed", "outcome_unknown")
+
+
+def _worker_name() -> str:
+    from dispatch_app.worker import _worker_name as name
+
+    return name()
 
 
 def _backend_class(alias: str):
@@ -33,7 +42,17 @@ def work(ctx):
     """The task domains' work(ctx): runs the task; its JSON-normalised return value becomes Job.result."""
     from dispatch_app.domains import get_domain
 
-    task_result, payload = results.load(ctx.job_id)
+    queue = getattr(_running, "queue", None)
+    if ctx.attempt > 1 or ctx.started_at is None or queue is None:
+        # Earlier attempts' workers (worker_ids) are in the attempt history: one read, on a retry only.
+        task_result, payload = results.load(ctx.job_id)
+    else:
+        # The first attempt: everything is in hand, no read on the hot path (enqueued_at stays None here;
+        # get_result and task_finished read it).
+        task_result, payload = (
+            results.running(ctx.job_id, queue, ctx.payload, ctx.started_at, _worker_name()),
+            ctx.payload,
+        )
     task = task_result.task
     if not isinstance(task, Task):
         raise TypeError(f"{payload['task']!r} is not a django.tasks Task (decorate it with @task)")
@@ -72,7 +91,11 @@ class _Entries:
         def run(job_id: int, attempt: int) -> dict:
             from dispatch_app.worker import execute
 
-            outcome = execute(key, job_id, attempt)
+            _running.queue = key  # the job's domain = its task queue, for work()
+            try:
+                outcome = execute(key, job_id, attempt)
+            finally:
+                _running.queue = None
             if any(name in outcome for name in _FINISHED):
                 _finished(job_id)
             return outcome
