@@ -35,6 +35,8 @@ class Claimed:
 class Claim:
     token: uuid.UUID
     envelopes: list[Claimed]
+    # Seconds until the next pending envelope that was not yet claimable falls due; None when there is none.
+    next_due_in: float | None = None
 
 
 # Claims and marks commit without waiting for the WAL flush: one fsync less
@@ -62,6 +64,13 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 # (tests/integration/test_claim_plan.py). Nothing is paused almost always, so the
 # filter removes nothing; while a domain is paused, each claim steps over that
 # domain's due rows in front of the others.
+#
+# The same statement says when the next pending envelope falls due (a delayed
+# submit, a retry backoff, a lease that ran out unmarked): no trigger fires when
+# time passes, so the loop wakes itself then instead of at its fallback tick. It
+# is one more read of the same index, stopping at the first row past the clock
+# bound, in the statement's snapshot (so not this claim's own leases). The
+# claimed rows are LEFT JOINed to that one row: an empty claim still returns it.
 CLAIM_SQL = f"""
 WITH picked AS (
     SELECT id FROM {ENVELOPE}
@@ -70,14 +79,20 @@ WITH picked AS (
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {ENVELOPE} e
+    SET available_at = clock_timestamp() + make_interval(secs => %(lease)s),
+        lease_token = %(token)s,
+        send_attempts = e.send_attempts + 1
+    FROM picked, {ASYNC_COMMIT}
+    WHERE e.id = picked.id
+    RETURNING e.id, e.job_id, e.attempt, e.domain, e.queue, e.send_attempts, e.send_attempts = 1
+), next_due AS (
+    SELECT extract(epoch FROM min(available_at) - clock_timestamp())::float8 AS seconds
+    FROM {ENVELOPE}
+    WHERE status = 'pending' AND available_at > (SELECT clock_timestamp())
 )
-UPDATE {ENVELOPE} e
-SET available_at = clock_timestamp() + make_interval(secs => %(lease)s),
-    lease_token = %(token)s,
-    send_attempts = e.send_attempts + 1
-FROM picked, {ASYNC_COMMIT}
-WHERE e.id = picked.id
-RETURNING e.id, e.job_id, e.attempt, e.domain, e.queue, e.send_attempts, e.send_attempts = 1
+SELECT claimed.*, next_due.seconds FROM next_due LEFT JOIN claimed ON true
 """
 
 
@@ -87,9 +102,10 @@ def claim_batch(limit: int, lease_seconds: float, *, locking: str = "FOR UPDATE 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token})
         rows = cursor.fetchall()
+    next_due_in = rows[0][-1]  # the same on every row; the only column of the one row an empty claim returns
     # RETURNING order is not guaranteed; the send order should follow the claim order.
-    rows.sort(key=lambda r: r[0])
-    return Claim(token, [Claimed(*row) for row in rows])
+    claimed = sorted((row[:-1] for row in rows if row[0] is not None), key=lambda r: r[0])
+    return Claim(token, [Claimed(*row) for row in claimed], next_due_in)
 
 
 MARK_DISPATCHED_SQL = f"""

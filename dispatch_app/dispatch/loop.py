@@ -33,7 +33,7 @@ from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.dispatch.sends import MIN_PROBE_BACKOFF, BatchRecord, Halt, chunks, sort_outcomes
-from dispatch_app.runtime.wake import TICK, Wake
+from dispatch_app.runtime.wake import DUE, TICK, Wake
 
 log = logging.getLogger("dispatch_app.dispatch")
 
@@ -69,6 +69,8 @@ class DrainResult:
     latencies: list[float] = field(default_factory=list)
     connect_seconds: float = 0.0
     claim_seconds: float = 0.0
+    # From the drain's last claim: seconds until the next pending envelope not yet claimable falls due.
+    next_due_in: float | None = None
 
     def add(self, other: DrainResult) -> None:
         for name in (
@@ -117,6 +119,8 @@ class DispatchLoop:
         # reads as a first send, but a tick that finds them again is no missed wake-up.
         self._given_back: set[int] = set()
         self._clock = clock
+        # When the last claim said the next pending envelope falls due (loop clock), or None.
+        self._due_at: float | None = None
         # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
         self.breakers: dict[str, CircuitBreaker] = {}
         for server in self.publisher.servers():
@@ -143,12 +147,20 @@ class DispatchLoop:
         return next(iter(self.breakers.values()))
 
     def wait(self) -> str:
-        return self.wake.wait(self.wait_timeout())
+        reason = self.wake.wait(self.wait_timeout())
+        due_at = self._due_at
+        if reason == TICK and due_at is not None and self._clock() >= due_at:
+            self._due_at = None
+            return DUE
+        return reason
 
     def wait_timeout(self) -> float:
-        # Paused: wake for the earliest probe when it is due, not a whole tick later.
-        probes = [p for p in (b.seconds_to_probe() for b in self.breakers.values()) if p is not None]
-        return min([self.conf.POLL_INTERVAL, *probes])
+        # Paused: wake for the earliest probe when it is due, not a whole tick later; and when
+        # the last claim saw a pending envelope falling due before the tick, wake for it then.
+        waits = [p for p in (b.seconds_to_probe() for b in self.breakers.values()) if p is not None]
+        if self._due_at is not None:
+            waits.append(max(0.0, self._due_at - self._clock()))
+        return min([self.conf.POLL_INTERVAL, *waits])
 
     def run_once(self, trigger: str = TICK) -> DrainResult:
         """Drain: batch after batch while they come back full.
@@ -171,6 +183,7 @@ class DispatchLoop:
                 # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
                 limit = self.conf.BATCH_SIZE if self._any_closed() else 1
                 result, record = self._claim_and_send(trigger, limit)
+                total.next_due_in = result.next_due_in
                 self._judge(result, record)
                 if in_flight is not None:
                     previous, in_flight = in_flight, None
@@ -272,6 +285,8 @@ class DispatchLoop:
         result.connect_seconds = connected - started
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)
+        result.next_due_in = batch.next_due_in
+        self._due_at = None if batch.next_due_in is None else self._clock() + batch.next_due_in
         if not batch.envelopes:
             return result, None
         result.batches = 1

@@ -21,7 +21,7 @@ from dispatch_app.ops import stats
 
 log = logging.getLogger("dispatch_app.ops.metrics")
 
-TRIGGERS = ("notify", "tick", "catch_up")
+TRIGGERS = ("notify", "tick", "catch_up", "due")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 

@@ -21,9 +21,13 @@ TICK = "tick"
 CATCH_UP = "catch_up"
 STOP = "stop"
 # Scans no NOTIFY announced, by design rather than by a missed wake-up: the scan
-# that follows arming (HANDOVER) and the scans of a busy, disarmed dispatcher (POLL).
+# that follows arming (HANDOVER), the scans of a busy, disarmed dispatcher (POLL)
+# and the scan when something not yet claimable falls due (DUE).
 HANDOVER = "handover"
 POLL = "poll"
+# A scan at the time the last claim said the next pending envelope falls due (a delayed
+# submit, a backoff, a lease that ran out): time passing announces nothing.
+DUE = "due"
 
 
 class Wake:

@@ -1,5 +1,6 @@
 """The claim query on a big outbox reads the claim index in order: no Sort, no scan of dispatched rows,
-and no walk over pending rows that are not yet available (leased, backed off, scheduled)."""
+and no walk over pending rows that are not yet available (leased, backed off, scheduled). Its next-due
+probe reads one row of the same index."""
 
 import json
 import uuid
@@ -15,10 +16,14 @@ TOTAL = 100_000
 PENDING = 2_000  # half available now, half scheduled an hour ahead
 
 
-def plan_nodes(node):
+def plan_nodes(node, within: tuple[str, ...] = ()):
+    """Every node, with the names of the CTEs and sub-plans it runs under in ``node["within"]``."""
+    if "Subplan Name" in node:
+        within = (*within, node["Subplan Name"])
+    node["within"] = within
     yield node
     for child in node.get("Plans", []):
-        yield from plan_nodes(child)
+        yield from plan_nodes(child, within)
 
 
 def explain(cursor, options: str, limit: int) -> list[dict]:
@@ -60,13 +65,22 @@ def big_outbox():
         yield cursor
 
 
-def claim_scans(nodes: list[dict]) -> list[dict]:
-    """The scans that pick candidates (not the update's own lookup by primary key)."""
+def envelope_scans(nodes: list[dict]) -> list[dict]:
+    """Scans of the outbox, except the update's own lookup by primary key."""
     return [
         n
         for n in nodes
         if n.get("Relation Name") == ENVELOPE and "Scan" in n["Node Type"] and n.get("Index Name") != f"{ENVELOPE}_pkey"
     ]
+
+
+def claim_scans(nodes: list[dict]) -> list[dict]:
+    """The scans that pick candidates."""
+    return [n for n in envelope_scans(nodes) if "CTE next_due" not in n["within"]]
+
+
+def next_due_scans(nodes: list[dict]) -> list[dict]:
+    return [n for n in envelope_scans(nodes) if "CTE next_due" in n["within"]]
 
 
 def test_claim_reads_the_claim_index_in_order_and_stops_at_the_clock_bound(big_outbox):
@@ -84,3 +98,12 @@ def test_claim_reads_the_claim_index_in_order_and_stops_at_the_clock_bound(big_o
     (scan,) = claim_scans(nodes)
     assert scan["Actual Rows"] == PENDING // 2
     assert scan.get("Rows Removed by Filter", 0) == 0, scan
+
+
+def test_next_due_probe_reads_one_row_of_the_claim_index(big_outbox):
+    nodes = explain(big_outbox, "ANALYZE, COSTS OFF, TIMING OFF", 100)
+    (probe,) = next_due_scans(nodes)
+    assert probe["Index Name"] == "envelope_claim", probe
+    assert "available_at" in probe.get("Index Cond", ""), probe
+    # min() over the index: the first row past the clock bound, not the 1,000 scheduled rows.
+    assert probe["Actual Rows"] == 1, probe

@@ -21,7 +21,7 @@ from dispatch_app.models import Job
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.round import RoundSignals
 from dispatch_app.runtime.supervisor import Supervisor
-from dispatch_app.runtime.wake import NOTIFY, TICK, Wake
+from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
 from tests.factories import PAYLOADS
 from tests.helpers import wait_until
 from tests.integration.recovery_helpers import policy
@@ -99,11 +99,12 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
         wait_until(lambda: Job.objects.get(pk=first.pk).status == "queued", SAFETY, message="NOTIFY-woken dispatch")
         assert observer.dispatched_by(NOTIFY) == 1 and observer.dispatched_by(TICK) == 0
 
-        # Tick-woken dispatch: an envelope that becomes claimable after its NOTIFY was spent.
+        # Dispatch no NOTIFY woke: an envelope that becomes claimable after its NOTIFY was spent,
+        # found when the claim said it falls due.
         wake.tick_seconds = 0.05
         second = submit("workflow", PAYLOADS["workflow"], available_at=timedelta(seconds=0.3))
-        wait_until(lambda: Job.objects.get(pk=second.pk).status == "queued", SAFETY, message="tick-woken dispatch")
-        assert observer.dispatched_by(TICK) == 1
+        wait_until(lambda: Job.objects.get(pk=second.pk).status == "queued", SAFETY, message="due-woken dispatch")
+        assert observer.dispatched_by(DUE) == 1
 
         others = [d for d in domain_keys() if d != HELD]
         wait_until(lambda: all(rounds_after_hold[d] >= 2 for d in others), SAFETY, message="other domains' rounds")
