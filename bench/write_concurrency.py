@@ -300,9 +300,7 @@ def run(ctx: Context) -> list[dict]:
         triggers.set(mode)
         # Without a trigger the dispatcher can only poll; it polls as often as a busy armed one
         # does (POLL_LINGER), so every mode moves the same work to RQ during the run.
-        dispatcher = Dispatcher(
-            env, POLL_LINGER if mode == "disabled" else 1.0, arming=mode == "conditional"
-        ).start()
+        dispatcher = Dispatcher(env, POLL_LINGER if mode == "disabled" else 1.0, arming=mode == "conditional").start()
         arming = {}
         try:
             if what == "idle":
