@@ -11,8 +11,8 @@ from rq.serializers import JSONSerializer
 from dispatch_app import submit
 from dispatch_app.domains import DEFAULT_DOMAINS, registry
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent
-from dispatch_app.providers import LocalProvider, set_provider
 from dispatch_app.recovery.round import Round
+from tests.integration import provider_kit
 from tests.integration.recovery_helpers import dispatch_now, policy, run_workers, start_like_a_worker
 from tests.project import domains as project
 
@@ -30,10 +30,7 @@ def declared(settings):
 
 @pytest.fixture
 def provider(tmp_path):
-    local = LocalProvider(root=tmp_path)
-    set_provider(local)
-    yield local
-    set_provider(None)
+    yield from provider_kit.installed(tmp_path)
 
 
 def test_a_declared_domain_is_submitted_dispatched_to_its_queue_and_run_by_a_worker(declared, redis_conn):

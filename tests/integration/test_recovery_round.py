@@ -8,10 +8,10 @@ from rq.worker import SimpleWorker
 
 from dispatch_app import submit, vendor_calls
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent, RecoveryRound
-from dispatch_app.providers import LocalProvider, set_provider
 from dispatch_app.recovery.discovery import Discovery
 from dispatch_app.recovery.round import Round, RoundSignals
 from tests.factories import PAYLOADS
+from tests.integration import provider_kit
 from tests.integration.recovery_helpers import (
     dispatch_now,
     mark_rq_started,
@@ -28,10 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def provider(tmp_path):
-    local = LocalProvider(root=tmp_path)
-    set_provider(local)
-    yield local
-    set_provider(None)
+    yield from provider_kit.installed(tmp_path)
 
 
 def events(job, kind_prefix="recovery_"):
