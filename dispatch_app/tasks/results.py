@@ -81,20 +81,25 @@ def _task(job_id: int, domain: str, payload: dict):
 
 def running(job_id: int, queue: str, payload: dict, started_at, worker: str) -> TaskResult:
     """The first attempt's RUNNING TaskResult, from what the worker's start returned (no read)."""
-    task = _task(job_id, queue, payload)
+    return _result(
+        _task(job_id, queue, payload), job_id, payload, TaskResultStatus.RUNNING, None, started_at, None, [], [worker]
+    )
+
+
+def _result(task, job_id: int, payload: dict, status, enqueued_at, started_at, finished_at, errors, worker_ids):
     return TaskResult(
         task=task,
         id=str(job_id),
-        status=TaskResultStatus.RUNNING,
-        enqueued_at=None,
+        status=status,
+        enqueued_at=enqueued_at,
         started_at=started_at,
-        finished_at=None,
+        finished_at=finished_at,
         last_attempted_at=started_at,
         args=payload.get("args", []),
         kwargs=payload.get("kwargs", {}),
         backend=task.backend,
-        errors=[],
-        worker_ids=[worker],
+        errors=errors,
+        worker_ids=worker_ids,
     )
 
 
@@ -120,20 +125,7 @@ def load(result_id: Any, domains: set[str] | None = None) -> tuple[TaskResult, d
     errors = [task_error(text, "failed") for text in old_errors]
     if status in ("failed", "outcome_unknown", "cancelled"):
         errors.append(task_error(error, status))
-    task_result = TaskResult(
-        task=task,
-        id=str(job_id),
-        status=STATUS[status],
-        enqueued_at=submitted,
-        started_at=started,
-        finished_at=finished,
-        last_attempted_at=started,
-        args=payload.get("args", []),
-        kwargs=payload.get("kwargs", {}),
-        backend=task.backend,
-        errors=errors,
-        worker_ids=worker_ids,
-    )
+    task_result = _result(task, job_id, payload, STATUS[status], submitted, started, finished, errors, worker_ids)
     if status == "succeeded":
         object.__setattr__(task_result, "_return_value", _decoded(result))
     return task_result, payload
