@@ -192,7 +192,7 @@ def test_commit_after_the_arm_is_announced_and_wakes_the_listener(dispatcher):
 
 def test_a_read_committed_writer_that_began_before_the_arm_and_inserts_after_it_notifies(
     dispatcher,
-    listen,
+    listen,  # noqa: F811
     sentinel,  # noqa: F811
 ):
     d = dispatcher()
