@@ -130,6 +130,8 @@ def banners(data: dict) -> list[dict]:
     """Red (``error``) and amber (``warning``) lines for the top of the dashboard, most urgent first."""
     out: list[dict] = []
 
+    # A link's query uses the list filters' own parameters (domain__exact, status__exact, stage), so the list it
+    # opens shows those filters selected, not "All" over a list that is filtered all the same.
     def add(level: str, key: str, text: str, link: str = "") -> None:
         out.append({"level": level, "key": key, "text": text, "link": link})
 
@@ -176,7 +178,7 @@ def banners(data: dict) -> list[dict]:
                 f"({queued} queued in PostgreSQL) and no live worker listens on it"
                 + (f"; the oldest has waited {_dur(r.get('oldest_wait'))}" if r.get("oldest_wait") else "")
                 + ".",
-                f"stage=rq&domain={domain}",
+                f"stage=rq&domain__exact={domain}",
             )
         dead = d["envelopes"]["dead"]
         if dead:
@@ -185,7 +187,7 @@ def banners(data: dict) -> list[dict]:
                 "dead-envelopes",
                 f"{domain}{'' if d.get('registered', True) else ' (not a registered domain)'}: {dead} dead "
                 "envelope(s): their jobs will not be sent until re-armed.",
-                f"envelopes:status=dead&domain={domain}",
+                f"envelopes:status__exact=dead&domain__exact={domain}",
             )
     for w in rq["workers"]:
         if w["failing_every_job"]:

@@ -194,6 +194,34 @@ def test_no_count_on_the_dashboard_is_without_its_link(client, redis_conn):
 
 
 @pytest.mark.django_db
+def test_a_banners_list_link_opens_the_list_with_its_filters_selected(client, redis_conn):
+    """The banner's "list" holds what the banner counts, and the list's side bar says so (not domain "All")."""
+    queued = [job("delivery", "queued", dispatched_ago=70) for _ in range(2)]
+    job("agent", "queued", dispatched_ago=70)  # another domain's queued job: not in delivery's list
+    dead = job("delivery", "failed")
+    envelope(dead, "dead", created_ago=30)
+    envelope(job("agent", "failed"), "dead", created_ago=30)
+    client.force_login(staff("viewer", *VIEW))
+    live = client.get(LIVE).content.decode()
+
+    def banner_link(key: str) -> str:
+        found = re.search(rf'data-key="{key}">delivery:[^<]*<a href="([^"]+)">list</a>', live)
+        assert found, (key, live)
+        return html.unescape(found.group(1))
+
+    def selected(page: str, title: str) -> str:
+        block = re.search(rf'<details data-filter-title="{title}"[^>]*>(.*?)</details>', page, re.S).group(1)
+        return re.search(r'<li class="selected">\s*<a[^>]*>(.*?)</a>', block, re.S).group(1).strip()
+
+    page = client.get(banner_link("no-worker")).content.decode()
+    assert set(re.findall(r"/admin/dispatch_app/job/(\d+)/change/", page)) == {str(j.pk) for j in queued}
+    assert selected(page, "domain") == "delivery" and selected(page, "waiting in") == "RQ queue"
+    page = client.get(banner_link("dead-envelopes")).content.decode()
+    assert re.findall(r">job (\d+)</a>", page) == [str(dead.pk)]
+    assert selected(page, "domain") == "delivery" and selected(page, "status") == "Dead"
+
+
+@pytest.mark.django_db
 def test_the_domain_charts_count_each_attempt_in_its_minute_with_the_p95_waits(redis_conn):
     """Dispatches and waits by dispatch minute, finishes and failures by finish minute, per domain; a retried job's
     first attempt (superseded after starting) is a finish of that attempt, its failure counts once."""
