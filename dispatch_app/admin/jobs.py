@@ -120,13 +120,21 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
 
     @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
     def retry_now(self, request, queryset):
-        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
+        confirmed = request.POST.get("confirmed") == "yes"
+        if confirmed:
+            # Exactly the jobs the confirmation page listed. The confirming POST goes to the filtered list's URL,
+            # so ``queryset`` is that filter applied again: a job that left it while the operator read the page
+            # (the failures link's finished_within=5m) would silently drop out. Each is re-checked under lock.
+            posted = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+            ids = sorted({int(v) for v in posted if v.isdigit()})
+        else:
+            ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
         if len(ids) > RETRY_CONFIRM_MAX:
             self.message_user(
                 request, f"More than {RETRY_CONFIRM_MAX} jobs selected; narrow the filter.", messages.ERROR
             )
             return None
-        if request.POST.get("confirmed") != "yes":
+        if not confirmed:
             # An intermediate page first: per domain, whether re-running is safe and which vendor requests
             # are in doubt. Nothing changes until the operator confirms.
             context = {

@@ -266,6 +266,21 @@ def test_retry_of_failed_and_unknown_jobs_asks_first_and_warns_for_pending_vendo
 
 
 @pytest.mark.django_db
+def test_confirming_a_retry_retries_the_jobs_the_page_listed_though_they_left_the_lists_filter(client):
+    """The failures count's link filters on finished_within=5m and the confirming POST goes to that URL: jobs
+    whose end left the window while the operator read the confirmation page are still the ones confirmed."""
+    ids = [job("delivery", "failed", finished_ago=60).pk for _ in range(3)]
+    client.force_login(staff("retrier", *VIEW, "dispatch_app.retry_job"))
+    listing = JOBS + "?domain__exact=delivery&status__exact=failed&finished_within=5m"
+    page = client.post(listing, {"action": "retry_now", "_selected_action": ids}).content.decode()
+    assert 'value="Yes, retry 3 jobs"' in page
+    sql("UPDATE dispatch_app_job SET finished_at = finished_at - interval '5 minutes' WHERE id = ANY(%s)", [ids])
+    response = client.post(listing, {"action": "retry_now", "_selected_action": ids, "confirmed": "yes"}, follow=True)
+    assert sorted(Job.objects.filter(pk__in=ids).values_list("attempt", "status")) == [(2, "submitted")] * 3
+    assert sum("re-dispatched as attempt 2" in str(m) for m in response.context["messages"]) == 1
+
+
+@pytest.mark.django_db
 def test_cancel_and_rearm_write_the_admin_log(client):
     j = job("delivery", "submitted")
     envelope(j, "pending")
