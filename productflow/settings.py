@@ -207,6 +207,9 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# With localisation always on, the locale's formats win over DATETIME_FORMAT: the admin's own pages get the
+# operator pages' "YYYY-MM-DD HH:MM:SS UTC" from a format module instead.
+FORMAT_MODULE_PATH = ["productflow.formats"]
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"

@@ -291,3 +291,16 @@ def test_searching_a_number_finds_that_job_only(client):
     assert not any(f"/job/{other.pk}/timeline/" in page for other in others)
     page = client.get(JOBS, {"q": f"req-{five.pk}"}).content.decode()  # text still searches vendor request ids
     assert all(f"/job/{other.pk}/timeline/" in page for other in others)
+
+
+@pytest.mark.django_db
+def test_the_admin_change_pages_print_instants_like_the_operator_pages(client):
+    j = job("delivery", "queued", updated_ago=30, submitted_ago=60)
+    client.force_login(staff("operator", *VIEW))
+    submitted = Job.objects.get(pk=j.pk).submitted_at
+    page = client.get(f"{JOBS}{j.pk}/change/").content.decode()
+    assert submitted.strftime("%Y-%m-%d %H:%M:%S UTC") in page
+    assert "a.m." not in page and "p.m." not in page
+    env = envelope(j, created_ago=50)
+    page = client.get(f"{ENVELOPES}{env.pk}/change/").content.decode()
+    assert env.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") in page
