@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from dispatch_app import tracing, transitions
+from dispatch_app import stages, tracing, transitions
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
@@ -116,11 +116,13 @@ WITH marked AS (
     RETURNING job_id, attempt, created_at, dispatched_at
 ), waits AS (
     -- The outbox wait starts when the envelope is due: a delayed submit or a retry backoff is its own stage
-    -- (dispatch_app.stages), kept by the attempt history only for envelopes created with a delay.
-    SELECT extract(epoch FROM m.dispatched_at
-                   - LEAST(GREATEST(m.created_at, COALESCE(a.due_at, m.created_at)), m.dispatched_at)
-           )::float8 AS latency
-    FROM marked m LEFT JOIN {ATTEMPT} a ON a.job_id = m.job_id AND a.attempt = m.attempt
+    -- (dispatch_app.stages defines it), kept by the attempt history only for envelopes created with a delay.
+    SELECT {stages.seconds_sql("outbox", "s")} AS latency
+    FROM (
+        SELECT m.created_at, a.due_at, m.dispatched_at, NULL::timestamptz AS started_at,
+               NULL::timestamptz AS finished_at
+        FROM marked m LEFT JOIN {ATTEMPT} a ON a.job_id = m.job_id AND a.attempt = m.attempt
+    ) s
 ), jobs AS (
     -- submitted -> queued (dispatch_app.transitions owns the job's side)
     {transitions.MARK_QUEUED_CTE}
