@@ -167,8 +167,11 @@ def redispatch(
     reason: str,
     delay_seconds: float = 0.0,
     allowed_statuses: tuple[str, ...] = UNFINISHED,
+    data: dict | None = None,
 ) -> int | None:
     """Start the next attempt of a job through the outbox (new envelope, NOTIFY on commit).
+
+    ``data`` is added to the event's (e.g. the recovery round that decided it).
 
     Compare-and-set on (attempt, status): returns the new attempt, or None when
     the job has moved on since the caller looked. Must run inside a transaction.
@@ -189,6 +192,6 @@ def redispatch(
         attempt=from_attempt,
         kind=kind,
         reason=reason,
-        data={"next_attempt": attempt, "delay_seconds": delay_seconds},
+        data={**(data or {}), "next_attempt": attempt, "delay_seconds": delay_seconds},
     )
     return attempt

@@ -10,6 +10,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Va
 from dispatch_app.admin.common import older_than
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
+from dispatch_app.models import JobEvent
 
 
 class DomainFilter(admin.SimpleListFilter):
@@ -117,3 +118,41 @@ class DueFilter(admin.SimpleListFilter):
         if self.value() == "later":
             return queryset.filter(available_at__gt=ClockTimestamp())
         return queryset
+
+
+class RecoveryDecisionFilter(admin.SimpleListFilter):
+    """The jobs one recovery round decided one way (the dashboard's recovery counts link here): ``<round>:<kind>``.
+
+    Read from the decisions' events (each names its round); shown in the sidebar only while it is in use.
+    """
+
+    title = "recovery round"
+    parameter_name = "recovery"
+    # The dashboard's count names (ops.stats.DECISION_KINDS) -> the event kind each decision writes.
+    KINDS = {
+        "redispatched": "recovery_redispatch",
+        "left_alone": "recovery_leave_alone",
+        "unknown": "recovery_outcome_unknown",
+        "failed": "recovery_fail",
+        "errors": "recovery_error",
+    }
+
+    def _parsed(self) -> tuple[int, str] | None:
+        round_id, _, kind = (self.value() or "").partition(":")
+        if not round_id.isdigit() or kind not in self.KINDS:
+            return None
+        return int(round_id), kind
+
+    def lookups(self, request, model_admin):
+        parsed = self._parsed()
+        if parsed is None:
+            return []
+        return [(self.value(), f"round {parsed[0]}: {parsed[1].replace('_', ' ')}")]
+
+    def queryset(self, request, queryset):
+        parsed = self._parsed()
+        if parsed is None:
+            return queryset
+        round_id, kind = parsed
+        decided = JobEvent.objects.filter(kind=self.KINDS[kind], data__round=round_id).values("job_id")
+        return queryset.filter(pk__in=decided)

@@ -11,7 +11,14 @@ from django.views.decorators.http import require_POST
 from dispatch_app import stages
 from dispatch_app.admin.common import DASHBOARD_PERMISSION, ReadOnlyAdmin, report, since
 from dispatch_app.admin.dashboard import DashboardViews
-from dispatch_app.admin.filters import AgeFilter, DomainFilter, FinishedWithinFilter, StageFilter, StartedWithinFilter
+from dispatch_app.admin.filters import (
+    AgeFilter,
+    DomainFilter,
+    FinishedWithinFilter,
+    RecoveryDecisionFilter,
+    StageFilter,
+    StartedWithinFilter,
+)
 from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.models import Job
 from dispatch_app.ops import actions, rqjobs, timeline
@@ -38,7 +45,15 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         "rq_side",
         "timeline_link",
     )
-    list_filter = (DomainFilter, "status", StageFilter, AgeFilter, StartedWithinFilter, FinishedWithinFilter)
+    list_filter = (
+        DomainFilter,
+        "status",
+        StageFilter,
+        AgeFilter,
+        StartedWithinFilter,
+        FinishedWithinFilter,
+        RecoveryDecisionFilter,
+    )
     search_fields = ("=id", "vendor_request_id")
     ordering = ("-id",)
     list_per_page = 50

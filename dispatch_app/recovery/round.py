@@ -338,6 +338,7 @@ class Round:
                 kind=EVENT_KINDS[kind],
                 reason=decision.reason,
                 allowed_statuses=(state.status,),
+                data={"round": result.round_id},
             )
             result.redispatched += 1
             return

@@ -74,3 +74,13 @@ def rq_job(rq_id):
 
     parsed = parse_rq_id(rq_id or "")
     return parsed[0] if parsed else None
+
+
+# A recovery round's decision counts in the dashboard's column order (each links to RecoveryDecisionFilter).
+ROUND_DECISIONS = ("redispatched", "left_alone", "unknown", "failed", "errors")
+
+
+@register.filter
+def decisions(recovery_round):
+    """(kind, count) pairs of one round, in the column order."""
+    return [(kind, (recovery_round or {}).get(kind) or 0) for kind in ROUND_DECISIONS]
