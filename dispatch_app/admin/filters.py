@@ -10,7 +10,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Va
 from dispatch_app.admin.common import older_than
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
-from dispatch_app.models import JobEvent
+from dispatch_app.models import JobAttempt, JobEvent
 
 
 class DomainFilter(admin.SimpleListFilter):
@@ -156,3 +156,18 @@ class RecoveryDecisionFilter(admin.SimpleListFilter):
         round_id, kind = parsed
         decided = JobEvent.objects.filter(kind=self.KINDS[kind], data__round=round_id).values("job_id")
         return queryset.filter(pk__in=decided)
+
+
+class WorkerFilter(admin.SimpleListFilter):
+    """Jobs an RQ worker ran (any attempt, by the attempt history): the dashboard's worker counts link here."""
+
+    title = "worker"
+    parameter_name = "worker"
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value())] if self.value() else []
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        return queryset.filter(pk__in=JobAttempt.objects.filter(worker=self.value()).values("job_id"))

@@ -18,6 +18,7 @@ from dispatch_app.admin.filters import (
     RecoveryDecisionFilter,
     StageFilter,
     StartedWithinFilter,
+    WorkerFilter,
 )
 from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.models import Job
@@ -53,6 +54,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         StartedWithinFilter,
         FinishedWithinFilter,
         RecoveryDecisionFilter,
+        WorkerFilter,
     )
     search_fields = ("=id", "vendor_request_id")
     ordering = ("-id",)

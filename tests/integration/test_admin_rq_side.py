@@ -16,7 +16,7 @@ from rq.utils import utcformat
 
 from dispatch_app.ops import board, rqside
 from dispatch_app.rqworker import PipelineWorker
-from tests.integration.opsdata import envelope, job
+from tests.integration.opsdata import attempt_row, envelope, job
 from tests.integration.test_operator_dashboard import DASHBOARD, JOBS, LIVE, VIEW, enqueue, staff, worker
 
 INTERVAL = 10.0
@@ -266,3 +266,21 @@ def test_the_domain_charts_count_each_attempt_in_its_minute_with_the_p95_waits(r
     assert (at("agent", 0)["dispatched"], at("agent", 0)["rq_p95"]) == (1, None)
     assert at("workflow", 0)["dispatched"] == 2 and at("workflow", 0)["finished"] == 2
     assert sum(p["failed"] for p in charts["workflow"]) == 1
+
+
+@pytest.mark.django_db
+def test_a_workers_counts_link_to_the_jobs_it_ran(client, redis_conn):
+    w = pipeline_worker(redis_conn, "delivery", "w-counted")
+    beat_at(redis_conn, w, 0)
+    ran = job("delivery", "running", dispatched_ago=30, started_ago=20)
+    other = job("delivery", "running", dispatched_ago=30, started_ago=20)
+    # The attempt history names the worker that started each attempt.
+    attempt_row(ran, 1, worker="w-counted", dispatched_ago=30, started_ago=20)
+    attempt_row(other, 1, worker="w-other", dispatched_ago=30, started_ago=20)
+    client.force_login(staff("viewer", *VIEW))
+
+    live = client.get(LIVE).content.decode()
+    row = re.search(r'<tr class="pf-worker"><th>w-counted</th>.*?</tr>', live, re.S).group(0)
+    (href,) = re.findall(r'<a href="([^"]*\?worker=[^"]+)"', row)
+    page = client.get(html.unescape(href)).content.decode()
+    assert set(re.findall(r"/admin/dispatch_app/job/(\d+)/change/", page)) == {str(ran.pk)}
