@@ -14,7 +14,6 @@ their lease and come back; the next send finds the RQ job if it was written.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterable
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-_NONE = object()
 R = TypeVar("R")
 
 
@@ -89,18 +87,10 @@ class BoundedSender:
     def map(self, fn: Callable[[T], R], items: Iterable[T], *, stop: threading.Event | None = None) -> list[Outcome[T]]:
         """Run fn over items, at most K at once; results in item order.
 
-        Items not yet started when ``stop`` is set come back as skipped. A single item runs on the
-        caller's thread: there is nothing to overlap it with, and handing it to a send thread and
-        waiting for it would only add two thread switches to the commit -> in-RQ hop.
+        Items not yet started when ``stop`` is set come back as skipped.
         """
-        it = iter(items)
-        first, second = next(it, _NONE), next(it, _NONE)
-        if first is _NONE:
-            return []
-        if second is _NONE:
-            return [self._inline(fn, first, stop)]
         futures: list[Future | Outcome] = []
-        for item in itertools.chain((first, second), it):
+        for item in items:
             if stop is not None and stop.is_set():
                 futures.append(Outcome(item, skipped=True))
                 continue
@@ -114,15 +104,6 @@ class BoundedSender:
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             futures.append(self._submit(fn, item))
         return [f.result() if isinstance(f, Future) else f for f in futures]
-
-    def _inline(self, fn: Callable[[T], R], item: T, stop: threading.Event | None) -> Outcome[T]:
-        if stop is not None and stop.is_set():
-            return Outcome(item, skipped=True)
-        self._slots.acquire()
-        with self._lock:
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        return self._run(fn, item)
 
     def close(self) -> None:
         """End the threads; waits for sends in flight (the supervisor skips this when one hangs)."""

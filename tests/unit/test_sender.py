@@ -137,27 +137,3 @@ def test_items_not_started_when_stop_is_set_come_back_skipped():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="send concurrency must be >= 1"):
         BoundedSender(0)
-
-
-def test_a_single_send_runs_on_the_callers_thread_and_starts_no_thread():
-    sender = BoundedSender(4, name="test-send")
-    ran_on = []
-
-    def send(item):
-        ran_on.append(threading.current_thread())
-        return item * 2
-
-    (outcome,) = sender.map(send, iter([21]))
-    assert outcome.ok and outcome.value == 42
-    assert ran_on == [threading.current_thread()]
-    assert sender.threads_started == 0 and sender.in_flight == 0
-    # Its slot was given back: the next batch of two gets both slots and send threads.
-    outcomes = sender.map(send, [1, 2])
-    assert [o.value for o in outcomes] == [2, 4]
-    assert threading.current_thread() not in ran_on[1:] and sender.threads_started == 4
-    assert sender.map(send, []) == []
-    stop = threading.Event()
-    stop.set()
-    (skipped,) = sender.map(send, [5], stop=stop)
-    assert skipped.skipped and len(ran_on) == 3
-    sender.close()
