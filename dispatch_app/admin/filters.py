@@ -11,6 +11,8 @@ from dispatch_app.admin.common import older_than
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
+from dispatch_app.recovery import decide
+from dispatch_app.recovery.round import ERROR_EVENT, EVENT_KINDS
 
 
 class DomainFilter(admin.SimpleListFilter):
@@ -128,13 +130,13 @@ class RecoveryDecisionFilter(admin.SimpleListFilter):
 
     title = "recovery round"
     parameter_name = "recovery"
-    # The dashboard's count names (ops.stats.DECISION_KINDS) -> the event kind each decision writes.
+    # The dashboard's count names (ops.stats.DECISION_KINDS), in its column order -> the event kind each writes.
     KINDS = {
-        "redispatched": "recovery_redispatch",
-        "left_alone": "recovery_leave_alone",
-        "unknown": "recovery_outcome_unknown",
-        "failed": "recovery_fail",
-        "errors": "recovery_error",
+        "redispatched": EVENT_KINDS[decide.REDISPATCH],
+        "left_alone": EVENT_KINDS[decide.LEAVE_ALONE],
+        "unknown": EVENT_KINDS[decide.OUTCOME_UNKNOWN],
+        "failed": EVENT_KINDS[decide.FAIL],
+        "errors": ERROR_EVENT,
     }
 
     def _parsed(self) -> tuple[int, str] | None:

@@ -48,6 +48,8 @@ EVENT_KINDS = {
     decisions.OUTCOME_UNKNOWN: "recovery_outcome_unknown",
     decisions.FAIL: "recovery_fail",
 }
+# A candidate the round could not decide on (an exception): its own event kind.
+ERROR_EVENT = "recovery_error"
 
 # What the vendor said about a ledger call in doubt, written with the action that relies on it.
 SETTLE_SQL = """
@@ -257,7 +259,7 @@ class Round:
                     JobEvent.objects.create(
                         job_id=candidate.job_id,
                         attempt=candidate.attempt,
-                        kind="recovery_error",
+                        kind=ERROR_EVENT,
                         reason=f"recovery could not handle this job: {report.reason}; backed off until it is "
                         "stale again",
                         data={"round": result.round_id},

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from django import template
 
+from dispatch_app.admin.filters import RecoveryDecisionFilter
 from dispatch_app.ops.timeline import format_duration
 
 register = template.Library()
@@ -76,11 +77,7 @@ def rq_job(rq_id):
     return parsed[0] if parsed else None
 
 
-# A recovery round's decision counts in the dashboard's column order (each links to RecoveryDecisionFilter).
-ROUND_DECISIONS = ("redispatched", "left_alone", "unknown", "failed", "errors")
-
-
 @register.filter
 def decisions(recovery_round):
-    """(kind, count) pairs of one round, in the column order."""
-    return [(kind, (recovery_round or {}).get(kind) or 0) for kind in ROUND_DECISIONS]
+    """(kind, count) pairs of one round, in the dashboard's column order (each links to RecoveryDecisionFilter)."""
+    return [(kind, (recovery_round or {}).get(kind) or 0) for kind in RecoveryDecisionFilter.KINDS]
