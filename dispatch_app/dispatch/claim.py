@@ -102,7 +102,7 @@ def claim_batch(limit: int, lease_seconds: float, *, locking: str = "FOR UPDATE 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token})
         rows = cursor.fetchall()
-    next_due_in = rows[0][-1]  # the same on every row; the only column of the one row an empty claim returns
+    next_due_in = rows[0][-1]  # the last column of every row; an empty claim returns one row of NULLs and it
     # RETURNING order is not guaranteed; the send order should follow the claim order.
     claimed = sorted((row[:-1] for row in rows if row[0] is not None), key=lambda r: r[0])
     return Claim(token, [Claimed(*row) for row in claimed], next_due_in)
