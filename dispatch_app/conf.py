@@ -81,6 +81,13 @@ SPECS: dict[str, _Spec] = {
         "an idle dispatcher's arm (writers NOTIFY while armed) lasts this long unrenewed, "
         "at least 3 x POLL_INTERVAL (s)",
     ),
+    "PREPARED_STATEMENTS": _Spec(
+        True,
+        bool,
+        doc="run the per-job statements (claim, mark, submit, start, finish, vendor-call records) as server-side "
+        "prepared statements; set False behind PgBouncer in transaction mode older than 1.21 "
+        "(dispatch_app.prepared)",
+    ),
     "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
     "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
@@ -131,6 +138,7 @@ class DispatchSettings:
     RECONNECT_BACKOFF_MAX: float
     LISTEN_DEAD_AFTER: float
     NOTIFY_ARM_LEASE: float
+    PREPARED_STATEMENTS: bool
     PAYLOAD_MAX_BYTES: int
     RQ_JOB_TIMEOUT: int
     RQ_RESULT_TTL: int
@@ -150,6 +158,10 @@ class DispatchSettings:
 
 def _coerce(key: str, value: Any, spec: _Spec) -> Any:
     where = f"DISPATCH[{key!r}]"
+    if spec.kind is bool:
+        if not isinstance(value, bool):
+            raise ImproperlyConfigured(f"{where} must be True or False, got {value!r}")
+        return value
     if spec.kind is dict:
         if not isinstance(value, dict):
             raise ImproperlyConfigured(f"{where} must be a dict, got {type(value).__name__}")

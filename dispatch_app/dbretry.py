@@ -16,6 +16,8 @@ from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 
+from dispatch_app import prepared
+
 T = TypeVar("T")
 
 
@@ -28,7 +30,7 @@ def once_more_on_fresh_connection(run: Callable[..., T], log: logging.Logger, me
     """
     for retry in (False, True):
         try:
-            with connection.cursor() as cursor:
+            with prepared.cursor() as cursor:  # every caller's statement is a per-job one
                 return run(cursor, retry)
         except (OperationalError, InterfaceError):
             if retry or connection.in_atomic_block:

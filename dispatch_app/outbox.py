@@ -28,7 +28,7 @@ from django.core.signals import setting_changed
 from django.db import connection
 from django.db.models import NOT_PROVIDED
 
-from dispatch_app import tracing
+from dispatch_app import prepared, tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
 from dispatch_app.models import DispatchEnvelope, Job, JobStatus
@@ -174,7 +174,7 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
         json.dumps(trace) if trace else None,
         *defaults,
     ]
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     jobs = []

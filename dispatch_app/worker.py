@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
-from dispatch_app import tracing
+from dispatch_app import prepared, tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.domains import PayloadError, get_domain
@@ -161,7 +161,7 @@ def execute(domain_key: str, job_id: int, attempt: int) -> dict:
 def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     domain = get_domain(domain_key)
     # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         row = start(cursor, _worker_name(), job_id, attempt)
     if row is None:
         JobEvent.objects.create(

@@ -4,10 +4,11 @@ Every commit that called ``pg_notify`` takes PostgreSQL's cluster-wide notify
 lock (``PreCommit_Notify``) until the commit is done, so notifying writers
 commit one at a time. The envelope triggers therefore notify only while a row
 of ``dispatch_app_notifyarm`` is armed (``armed_until`` ahead). A dispatcher
-arms when it goes idle (two empty scans in a row after finding work) and
-disarms when work arrives faster than announced drains take it (one drain claims
-DISARM_AT_CLAIMED envelopes): a busy dispatcher scans again after a few
-milliseconds (POLL, a linger that lets batches gather) and needs no announcements.
+arms when it goes idle or finds only a trickle (two quiet scans in a row, each
+claiming at most REARM_AT_CLAIMED first attempts), and
+disarms when new work arrives faster than announced drains take it (one drain
+claims DISARM_AT_CLAIMED first attempts): a busy dispatcher scans again after a
+few milliseconds (POLL, a linger that lets batches gather) and needs no announcements.
 
 The hand-over. A writer reads the arm state in its trigger and commits later.
 If it read "not armed", its envelope must be found by a scan that starts after
@@ -100,14 +101,24 @@ STILL_RUNNING_SQL = (
 # long transaction costs a few queries a second.
 _FIRST_CHECK = 0.0005
 _MAX_CHECK = 0.05
-# Disarmed and busy: the pause before the next scan, and how many empty scans in a row
-# (after work was found) mean idle (write-concurrency, docs/benchmarks.md).
+# Disarmed and busy: the pause before the next scan, and how many quiet scans in a row (none
+# found more than REARM_AT_CLAIMED first attempts) mean idle or a trickle (write-concurrency,
+# docs/benchmarks.md).
 POLL_LINGER = 0.005
-EMPTY_SCANS_TO_ARM = 2
-# An armed drain that claimed this many envelopes disarms. Measured (lead's A/B, 200 jobs/s, one
+QUIET_SCANS_TO_ARM = 2
+# An armed drain that claimed this many first attempts disarms. Measured (lead's A/B, 200 jobs/s, one
 # dispatcher): disarming on any second envelope or a wake during the drain flapped into polling and
 # raised the outbox p50 from ~8-10 ms to 14-23 ms; at 16+ writers (thousands/s) drains find more.
+# Re-dispatches do not count: recovery's rounds commit in bursts, and the writers' notify lock is
+# what disarming saves; a storm must not turn the dispatcher deaf to new work.
 DISARM_AT_CLAIMED = 4
+# A disarmed scan that found fewer first attempts than would disarm an armed drain is quiet: a trickle,
+# which an announced drain serves at once instead of after POLL_LINGER. (A poll's count covers the linger
+# as well as the drain, so the same count means a lower rate than in an armed drain.) Counting only empty
+# scans, a dispatcher disarmed by one burst stayed disarmed at any rate where each linger gathers a job
+# (one every 5 ms, 200/s): every new job then waited for the next poll (`dispatchbench recovery-storm`,
+# its `off` variant: 441 of 445 drains were polls, new-job p50 15-19 ms).
+REARM_AT_CLAIMED = DISARM_AT_CLAIMED - 1
 
 
 def effective_lease(conf) -> float:
@@ -140,7 +151,7 @@ class Arming:
         self.fence: list[str] = []
         self._next_check = 0.0
         self._poll_at: float | None = None  # disarmed and busy: when to scan again
-        self._empty_scans = EMPTY_SCANS_TO_ARM  # since work was last found; a fresh dispatcher arms at once
+        self._quiet_scans = QUIET_SCANS_TO_ARM  # since work was last found; a fresh dispatcher arms at once
         self._check_step = _FIRST_CHECK
         # For tests, the benchmark and the logs.
         self.arms = 0
@@ -175,27 +186,28 @@ class Arming:
         # A drain Redis refused is no sign of more work: rescanning at once would only refuse again.
         refused = getattr(result, "outage", "") or getattr(result, "transient_failures", 0)
         busy = result.claimed > 0 and not refused
+        first = getattr(result, "claimed_first", result.claimed)
         if self.armed:
-            if busy and result.claimed >= DISARM_AT_CLAIMED:
+            if busy and first >= DISARM_AT_CLAIMED:
                 # Commits arrive faster than announced drains take them: the writers are paying the
                 # notify lock for announcements a busy dispatcher does not need. Fewer per drain (a few
                 # hundred jobs/s) is cheap for the writers, and the announcement is what keeps commit ->
                 # dispatched at a millisecond: a disarmed dispatcher waits POLL_LINGER between scans.
                 self.disarm()
-                self._empty_scans = 0
+                self._quiet_scans = 0
                 self._poll_at = self.clock() + POLL_LINGER
             else:
                 self._renew_if_due()
-        elif busy:
+        elif busy and first > REARM_AT_CLAIMED:
             # Rows keep coming: scan again soon without announcements. The short linger lets
             # a batch gather instead of claiming a few rows per round trip; it is paid only
             # under load, never by work arriving at an idle (armed) dispatcher.
-            self._empty_scans = 0
+            self._quiet_scans = 0
             self._poll_at = self.clock() + POLL_LINGER
-        elif self._empty_scans + 1 < EMPTY_SCANS_TO_ARM:
-            # One empty scan under load is often only a gap between commits; arming for it
-            # would make every writer of the next few milliseconds take the notify lock.
-            self._empty_scans += 1
+        elif self._quiet_scans + 1 < QUIET_SCANS_TO_ARM:
+            # One quiet scan (nothing, or a trickle) under load is often only a gap between commits;
+            # arming for it would make every writer of the next few milliseconds take the notify lock.
+            self._quiet_scans += 1
             self._poll_at = self.clock() + POLL_LINGER
         else:
             self.arm()
@@ -209,7 +221,7 @@ class Arming:
             cursor.execute(FENCE_SQL)
             (xids,) = cursor.fetchone()
         self.arms += 1
-        self._empty_scans = EMPTY_SCANS_TO_ARM
+        self._quiet_scans = QUIET_SCANS_TO_ARM
         self.fence = list(xids)
         self._check_step = _FIRST_CHECK
         self._next_check = self.clock() + self._check_step

@@ -1,7 +1,9 @@
 """The outbox's SQL: claim a batch with a lease, then record what the send did.
 
-Each function is one short transaction (or one statement in autocommit), so no
-lock outlives a round trip. Every result write is a compare-and-set on the
+Each function is one statement in autocommit: its own transaction, with no
+BEGIN or COMMIT round trip (a drain's claim and mark were four round trips, now
+two), so no lock outlives a round trip. Inside a caller's transaction (a test, an
+operator's script) the statement joins it instead. Every result write is a compare-and-set on the
 lease token: a dispatcher whose lease expired cannot overwrite its successor.
 """
 
@@ -10,9 +12,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import connection
 
-from dispatch_app import stages, tracing, transitions
+from dispatch_app import prepared, stages, tracing, transitions
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
@@ -65,32 +67,52 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 # filter removes nothing; while a domain is paused, each claim steps over that
 # domain's due rows in front of the others.
 #
+# New work first: a batch takes first attempts and only tops up with later
+# attempts (re-dispatches by recovery, a worker's retry, an operator) when fewer
+# first attempts are due; each half reads its own partial index in order
+# (envelope_claim_first, envelope_claim_again), and the second does not run at
+# all when the first filled the batch. A recovery storm re-dispatches in bursts,
+# all due at once; in plain (available_at, id) order a job committed just after
+# a burst waited for the whole burst to be claimed, sent and marked. Later
+# attempts cannot starve: any batch with room takes them, and the recovery loops
+# yield to an outbox backlog.
+#
 # The same statement says when the next pending envelope falls due (a delayed
 # submit, a retry backoff, a lease that ran out unmarked): no trigger fires when
 # time passes, so the loop wakes itself then instead of at its fallback tick. It
-# is one more read of the same index, stopping at the first row past the clock
+# is one more read of each index, stopping at the first row past the clock
 # bound, in the statement's snapshot (so not this claim's own leases). The
 # claimed rows are LEFT JOINed to that one row: an empty claim still returns it.
 CLAIM_SQL = f"""
-WITH picked AS (
+WITH first AS (
     SELECT id FROM {ENVELOPE}
-    WHERE status = 'pending' AND available_at <= (SELECT clock_timestamp())
+    WHERE status = 'pending' AND attempt = 1 AND available_at <= (SELECT clock_timestamp())
       AND domain NOT IN (SELECT domain FROM {PAUSE})
     ORDER BY available_at, id
     LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), again AS (
+    SELECT id FROM {ENVELOPE}
+    WHERE status = 'pending' AND attempt > 1 AND available_at <= (SELECT clock_timestamp())
+      AND domain NOT IN (SELECT domain FROM {PAUSE})
+    ORDER BY available_at, id
+    LIMIT %(limit)s - (SELECT count(*) FROM first)
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {ENVELOPE} e
     SET available_at = clock_timestamp() + make_interval(secs => %(lease)s),
         lease_token = %(token)s,
         send_attempts = e.send_attempts + 1
-    FROM picked, {ASYNC_COMMIT}
+    FROM (SELECT id FROM first UNION ALL SELECT id FROM again) picked, {ASYNC_COMMIT}
     WHERE e.id = picked.id
     RETURNING e.id, e.job_id, e.attempt, e.domain, e.queue, e.send_attempts, e.send_attempts = 1
 ), next_due AS (
-    SELECT extract(epoch FROM min(available_at) - clock_timestamp())::float8 AS seconds
-    FROM {ENVELOPE}
-    WHERE status = 'pending' AND available_at > (SELECT clock_timestamp())
+    SELECT extract(epoch FROM LEAST(
+        (SELECT min(available_at) FROM {ENVELOPE}
+         WHERE status = 'pending' AND attempt = 1 AND available_at > (SELECT clock_timestamp())),
+        (SELECT min(available_at) FROM {ENVELOPE}
+         WHERE status = 'pending' AND attempt > 1 AND available_at > (SELECT clock_timestamp()))
+    ) - clock_timestamp())::float8 AS seconds
 )
 SELECT claimed.*, next_due.seconds FROM next_due LEFT JOIN claimed ON true
 """
@@ -99,12 +121,12 @@ SELECT claimed.*, next_due.seconds FROM next_due LEFT JOIN claimed ON true
 def claim_batch(limit: int, lease_seconds: float, *, locking: str = "FOR UPDATE SKIP LOCKED") -> Claim:
     token = uuid.uuid4()
     sql = CLAIM_SQL if locking == "FOR UPDATE SKIP LOCKED" else CLAIM_SQL.replace("FOR UPDATE SKIP LOCKED", locking)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with prepared.cursor(generic_plans=True) as cursor:
         cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token})
         rows = cursor.fetchall()
     next_due_in = rows[0][-1]  # the last column of every row; an empty claim returns one row of NULLs and it
-    # RETURNING order is not guaranteed; the send order should follow the claim order.
-    claimed = sorted((row[:-1] for row in rows if row[0] is not None), key=lambda r: r[0])
+    # RETURNING order is not guaranteed; the send order follows the claim's: first attempts, then the rest.
+    claimed = sorted((row[:-1] for row in rows if row[0] is not None), key=lambda r: (r[2] > 1, r[0]))
     return Claim(token, [Claimed(*row) for row in claimed], next_due_in)
 
 
@@ -139,7 +161,7 @@ def mark_dispatched(envelope_ids: list[int], token: uuid.UUID, latencies: list[f
     """
     if not envelope_ids:
         return 0
-    with transaction.atomic(), connection.cursor() as cursor:
+    with prepared.cursor(generic_plans=True) as cursor:
         cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token})
         count, waits = cursor.fetchone()
     tracing.envelopes_dispatched(envelope_ids)  # outbox-wait spans of traced jobs; no-op without a tracer provider
@@ -205,7 +227,7 @@ def mark_failed(
         "base": backoff_base,
         "cap": backoff_cap,
     }
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(MARK_FAILED_SQL, params)
         return dict(cursor.fetchall())
 
@@ -221,6 +243,6 @@ def release(envelope_ids: list[int], token: uuid.UUID) -> int:
     """Give back envelopes claimed but never sent (shutdown): claimable at once, attempt not counted."""
     if not envelope_ids:
         return 0
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(RELEASE_SQL, {"ids": envelope_ids, "token": token})
         return cursor.rowcount

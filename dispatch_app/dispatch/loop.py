@@ -51,6 +51,7 @@ class DrainResult:
     trigger: str = TICK
     batches: int = 0
     claimed: int = 0
+    claimed_first: int = 0  # of those, first attempts (new work; the rest are re-dispatches)
     dispatched: int = 0
     duplicates: int = 0
     failed: int = 0
@@ -76,6 +77,7 @@ class DrainResult:
         for name in (
             "batches",
             "claimed",
+            "claimed_first",
             "dispatched",
             "duplicates",
             "failed",
@@ -285,6 +287,7 @@ class DispatchLoop:
         result.connect_seconds = connected - started
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)
+        result.claimed_first = sum(1 for e in batch.envelopes if e.attempt == 1)
         result.next_due_in = batch.next_due_in
         self._due_at = None if batch.next_due_in is None else self._clock() + batch.next_due_in
         if not batch.envelopes:

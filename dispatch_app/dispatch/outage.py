@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.db import connection, transaction
+from django.db import connection
 
 from dispatch_app.dispatch.claim import ENVELOPE
 
@@ -29,6 +29,6 @@ def give_back(envelope_ids: list[int], token: uuid.UUID, error: str, delay: floa
     """Release envelopes whose send failed for a server-wide reason; returns how many this lease still held."""
     if not envelope_ids:
         return 0
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:  # one statement in autocommit, like the claim's (dispatch.claim)
         cursor.execute(GIVE_BACK_SQL, {"ids": envelope_ids, "token": token, "error": error, "delay": delay})
         return cursor.rowcount

@@ -8,7 +8,7 @@ round: while some envelope has been due for longer than ``BACKLOG_GRACE`` (the
 dispatcher is behind), the round waits, checking every ``CHECK_INTERVAL``, for
 at most ``max_yield`` (the loop's own period): recovery can be slowed by new
 work, at most to half its rate, never stopped. One indexed look per check
-(the claim's partial index, paused domains left out as the claim leaves them).
+(the claim's partial indexes, paused domains left out as the claim leaves them).
 Envelopes given back during a Redis outage are not due (their delay), so an
 outage does not hold recovery back.
 """
@@ -28,10 +28,15 @@ log = logging.getLogger("dispatch_app.runtime")
 BACKLOG_GRACE = 0.02
 CHECK_INTERVAL = 0.025
 
+# One look per claim index (first attempts, later ones: dispatch_app.dispatch.claim).
 BACKLOG_SQL = """
 SELECT EXISTS (
     SELECT 1 FROM dispatch_app_dispatchenvelope
-    WHERE status = 'pending' AND available_at <= clock_timestamp() - make_interval(secs => %s)
+    WHERE status = 'pending' AND attempt = 1 AND available_at <= clock_timestamp() - make_interval(secs => %(grace)s)
+      AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
+) OR EXISTS (
+    SELECT 1 FROM dispatch_app_dispatchenvelope
+    WHERE status = 'pending' AND attempt > 1 AND available_at <= clock_timestamp() - make_interval(secs => %(grace)s)
       AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
 )
 """
@@ -39,7 +44,7 @@ SELECT EXISTS (
 
 def outbox_backlog(grace: float = BACKLOG_GRACE) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(BACKLOG_SQL, [grace])
+        cursor.execute(BACKLOG_SQL, {"grace": grace})
         return bool(cursor.fetchone()[0])
 
 

@@ -29,7 +29,8 @@ class OutboxBackend(BaseTaskBackend):
     # Coroutine tasks run under async_to_sync in the (synchronous) RQ worker.
     supports_async_task = True
     supports_get_result = True
-    # The claim takes envelopes in (available_at, id) order: a priority would order nothing.
+    # The claim takes envelopes in (available_at, id) order (first attempts before re-dispatches): a priority
+    # would order nothing.
     supports_priority = False
 
     def __init__(self, alias, params):

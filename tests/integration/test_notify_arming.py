@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from dispatch_app import submit
-from dispatch_app.dispatch.arming import DISARM_AT_CLAIMED, Arming
+from dispatch_app.dispatch.arming import DISARM_AT_CLAIMED, REARM_AT_CLAIMED, Arming
 from dispatch_app.dispatch.listener import Listener, listener_conninfo
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
@@ -243,10 +243,9 @@ def test_a_busy_dispatcher_disarms_and_its_writers_stop_notifying(dispatcher, li
     assert d.wake.wait(0) == NOTIFY
     assert d.scan(NOTIFY).dispatched == 1
     assert status(job) == "dispatched"
-    # Disarmed and it found work: it scans again after a short linger (no tick); two empty scans and it arms.
-    assert d.wake.wait(10) == POLL
-    assert d.scan(POLL).claimed == 0
-    assert not d.arming.armed, "one empty scan after work is only a gap"
+    # Disarmed, it found one job: a quiet scan (a trickle or a gap). It scans again after a short linger
+    # (no tick); a second quiet scan in a row and it arms.
+    assert not d.arming.armed, "one quiet scan after work is only a gap"
     assert d.wake.wait(10) == POLL
     assert d.scan(POLL).claimed == 0
     assert d.arming.armed and armed_rows() == 1
@@ -339,6 +338,42 @@ def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
     d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED})())  # many commits since the last scan
     assert not d.arming.armed and armed_rows() == 0
     assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
+
+
+def drain(claimed: int, first: int | None = None):
+    return type("R", (), {"claimed": claimed, "claimed_first": claimed if first is None else first})()
+
+
+def test_a_disarmed_dispatcher_at_a_trickle_arms_again_but_not_while_busy(dispatcher):
+    """Disarmed by a burst, then one job per linger (200/s): it must not stay a poller for good."""
+    d = dispatcher()
+    d.arming.arm()
+    assert d.wake.wait(0) == HANDOVER
+    d.arming.drained(drain(DISARM_AT_CLAIMED))  # the burst
+    assert not d.arming.armed
+    for claimed in (REARM_AT_CLAIMED + 1, REARM_AT_CLAIMED, REARM_AT_CLAIMED + 1, REARM_AT_CLAIMED):
+        assert d.wake.wait(10) == POLL
+        d.arming.drained(drain(claimed))
+        assert not d.arming.armed, "busy scans between the quiet ones keep it polling"
+    assert d.wake.wait(10) == POLL
+    d.arming.drained(drain(REARM_AT_CLAIMED))  # the second quiet scan in a row
+    assert d.arming.armed and armed_rows() == 1
+    assert d.wake.wait(0) == HANDOVER
+
+
+def test_redispatches_neither_disarm_nor_keep_a_dispatcher_polling(dispatcher):
+    """A recovery storm's bursts are later attempts: only new work (first attempts) counts."""
+    d = dispatcher()
+    d.arming.arm()
+    assert d.wake.wait(0) == HANDOVER
+    d.arming.drained(drain(50, first=1))
+    assert d.arming.armed and armed_rows() == 1, "a burst of re-dispatches must not disarm"
+    d.arming.drained(drain(DISARM_AT_CLAIMED + 1, first=DISARM_AT_CLAIMED))
+    assert not d.arming.armed
+    for _ in range(2):
+        assert d.wake.wait(10) == POLL
+        d.arming.drained(drain(50, first=0))
+    assert d.arming.armed, "scans that found only re-dispatches are quiet for new work"
 
 
 def test_a_few_envelopes_per_drain_keep_the_dispatcher_armed(dispatcher):
