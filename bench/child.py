@@ -154,6 +154,10 @@ def main() -> None:
             waits["connect_wait_s"] += getattr(result, "connect_seconds", 0.0)
             waits["claim_wait_s"] += getattr(result, "claim_seconds", 0.0)
             waits["drains"] += 1
+            # How the drains were woken (notify, poll, tick, due, ...) and how many envelopes they claimed.
+            key = f"drains.{getattr(result, 'trigger', '?')}"
+            waits[key] = waits.get(key, 0) + 1
+            waits["claimed"] = waits.get("claimed", 0) + getattr(result, "claimed", 0)
             if self.inner is not None:
                 self.inner.drained(result)
 
@@ -220,6 +224,11 @@ def main() -> None:
         "stop_seconds": time.monotonic() - started,
         "scans": supervisor.dispatch.scans if supervisor.dispatch is not None else 0,
         "recovery": {r.domain: r.stats.as_dict() for r in recoveries},
+        # Conditional NOTIFY (dispatch_app.dispatch.arming): how often this dispatcher armed and disarmed.
+        **{
+            f"notify_{name}": getattr(getattr(supervisor.wake, "arming", None), name, None)
+            for name in ("arms", "disarms", "handovers")
+        },
         **waits,
     }
     print("stats " + json.dumps(stats), flush=True)

@@ -33,15 +33,29 @@ class Child:
         )
         self.stats: dict = {}
         self._stderr: list[str] = []
+        self._stdout: list[str] = []
+        self._ready = threading.Event()
+        self._saw_ready = False
         threading.Thread(target=self._drain_stderr, daemon=True).start()
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            line = self.proc.stdout.readline()
-            if line.strip() == "ready":
-                break
-            if not line and self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"dispatcher child did not start: {''.join(self._stderr)[-2000:]}")
+        # Its own reader, so the deadline holds even when the child never writes a line (a blocking
+        # readline here once waited forever); the recovery child it starts writes to the same pipe, so
+        # "ready" is found at the end of a line rather than as the whole line.
+        self._reader = threading.Thread(target=self._drain_stdout, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(ready_timeout) or not self._saw_ready:
+            self.kill()
+            raise RuntimeError(
+                f"dispatcher child did not start (exit {self.proc.poll()}) within {ready_timeout:g}s: "
+                f"stdout {''.join(self._stdout)[-500:]!r}; stderr {''.join(self._stderr)[-2000:]}"
+            )
+
+    def _drain_stdout(self) -> None:
+        for line in self.proc.stdout:
+            self._stdout.append(line)
+            if line.rstrip().endswith("ready"):
+                self._saw_ready = True
+                self._ready.set()
+        self._ready.set()  # EOF: the wait ends; a child that died is reported by the caller's next step
 
     def _drain_stderr(self) -> None:
         for line in self.proc.stderr:
@@ -61,11 +75,11 @@ class Child:
         except (BrokenPipeError, OSError, ValueError):
             pass
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            out = ""
-        for line in (out or "").splitlines():
+        self._reader.join(5)
+        for line in list(self._stdout):
             if line.startswith("stats "):
                 self.stats = json.loads(line[6:])
         return self.stats

@@ -241,6 +241,8 @@ def run(ctx: Context) -> list[dict]:
                 **{f"lock_wait_s.{event}": seconds for event, seconds in sampler.lock_events.items()},
                 "connect_s": child.stats.get("connect_wait_s"),
                 "claim_lock_wait_s": child.stats.get("claim_wait_s"),
+                # The dispatcher's drains by what woke them, what they claimed, and its NOTIFY arm changes.
+                **{k: v for k, v in child.stats.items() if k.startswith(("drains", "notify_")) or k == "claimed"},
                 "max_backends": sampler.max_backends,
                 "reniced_backends": len(sampler.reniced),
                 # Where the dispatcher side's CPU went: the dispatcher process, its recovery child, another process.
