@@ -192,6 +192,12 @@ def main() -> None:
             got.wait(0.5)
             got.clear()
 
+    def say_ready() -> None:
+        # One write: with PYTHONUNBUFFERED (CI) print() writes "ready" and its newline apart, and the recovery
+        # child, which shares this stdout, once wrote its start-up line in between ("readyrecovery process...").
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+
     def recovery_child_ready() -> None:
         # The default deployment's recovery child takes a Django start-up; measure once its loops run.
         for runner in supervisor.runners:
@@ -200,7 +206,7 @@ def main() -> None:
                 ready.wait(60)
 
     if spec.get("wait_go"):
-        print("ready", flush=True)
+        say_ready()
         wait_for("go")
         supervisor.start()
     else:
@@ -208,7 +214,7 @@ def main() -> None:
         if supervisor.listener is not None:
             supervisor.listener.connected.wait(10)
         recovery_child_ready()
-        print("ready", flush=True)
+        say_ready()
     if supervisor.listener is None:
         supervisor.wake.set(CATCH_UP)
     wait_for("stop")

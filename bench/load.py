@@ -38,8 +38,8 @@ class Child:
         self._saw_ready = False
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         # Its own reader, so the deadline holds even when the child never writes a line (a blocking
-        # readline here once waited forever); the recovery child it starts writes to the same pipe, so
-        # "ready" is found at the end of a line rather than as the whole line.
+        # readline here once waited forever: the recovery child, which shares the pipe, had written its
+        # start-up line between "ready" and its newline); "ready" is found at the end of a line.
         self._reader = threading.Thread(target=self._drain_stdout, daemon=True)
         self._reader.start()
         if not self._ready.wait(ready_timeout) or not self._saw_ready:
