@@ -41,14 +41,18 @@ def enabled() -> bool:
     return (getattr(settings, "DISPATCH", None) or {}).get("PREPARED_STATEMENTS", SPECS["PREPARED_STATEMENTS"].default)
 
 
-def cursor(*, generic_plans: bool = False):
+# The dispatcher's own sessions (claim and mark; they run nothing else). force_generic_plan: the mark's
+# `id = ANY(ids)` looks dearer generic than for the one or two ids of a quiet drain, so PostgreSQL would
+# otherwise plan it anew every time (0.4 of its 0.6 ms). enable_bitmapscan off: with few re-dispatches due,
+# the planner may read them by bitmap and Sort, and a generic plan made then would be kept for a storm of
+# thousands; without bitmaps both claim halves read their index in order (tests/integration/test_claim_plan.py).
+DISPATCHER_SESSION = ("SET plan_cache_mode = force_generic_plan", "SET enable_bitmapscan = off")
+
+
+def cursor(*, dispatcher_session: bool = False):
     """A cursor for the per-job statements (use it as ``with prepared.cursor() as cursor``).
 
-    ``generic_plans``: the session always uses a statement's generic plan
-    (plan_cache_mode = force_generic_plan). For the dispatcher's own sessions
-    only, which run nothing but its statements: the mark's ``id = ANY(ids)``
-    looks dearer generic than for the one or two ids of a quiet drain, so
-    PostgreSQL would otherwise plan it anew every time (0.4 of its 0.6 ms).
+    ``dispatcher_session``: this connection is the dispatcher's (DISPATCHER_SESSION is applied once).
     """
     if not enabled() or connection.queries_logged:
         # Query logging (DEBUG, a test capturing queries) shows Django's own cursor's statements with their
@@ -61,7 +65,8 @@ def cursor(*, generic_plans: bool = False):
     with connection.wrap_database_errors:
         if raw.prepare_threshold is None:
             raw.prepare_threshold = NEVER_AUTOMATICALLY
-        if generic_plans and not getattr(raw, "_pf_generic_plans", False):
-            raw.execute("SET plan_cache_mode = force_generic_plan")
-            raw._pf_generic_plans = True
+        if dispatcher_session and not getattr(raw, "_pf_dispatcher_session", False):
+            for statement in DISPATCHER_SESSION:
+                raw.execute(statement)
+            raw._pf_dispatcher_session = True
         return connection._prepare_cursor(_PreparingCursor(raw))

@@ -92,12 +92,18 @@ WITH first AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), again AS (
-    SELECT id FROM {ENVELOPE}
-    WHERE status = 'pending' AND attempt > 1 AND available_at <= (SELECT clock_timestamp())
-      AND domain NOT IN (SELECT domain FROM {PAUSE})
-    ORDER BY available_at, id
+    -- The inner LIMIT is a constant, so the planner reads the index in order, as for `first`; with only the
+    -- computed one it guesses a tenth of the table and may Sort a storm's re-dispatches. Rows are locked as
+    -- the outer LIMIT pulls them: none when `first` filled the batch.
+    SELECT id FROM (
+        SELECT id FROM {ENVELOPE}
+        WHERE status = 'pending' AND attempt > 1 AND available_at <= (SELECT clock_timestamp())
+          AND domain NOT IN (SELECT domain FROM {PAUSE})
+        ORDER BY available_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) due
     LIMIT %(limit)s - (SELECT count(*) FROM first)
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {ENVELOPE} e
     SET available_at = clock_timestamp() + make_interval(secs => %(lease)s),
@@ -121,7 +127,7 @@ SELECT claimed.*, next_due.seconds FROM next_due LEFT JOIN claimed ON true
 def claim_batch(limit: int, lease_seconds: float, *, locking: str = "FOR UPDATE SKIP LOCKED") -> Claim:
     token = uuid.uuid4()
     sql = CLAIM_SQL if locking == "FOR UPDATE SKIP LOCKED" else CLAIM_SQL.replace("FOR UPDATE SKIP LOCKED", locking)
-    with prepared.cursor(generic_plans=True) as cursor:
+    with prepared.cursor(dispatcher_session=True) as cursor:
         cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token})
         rows = cursor.fetchall()
     next_due_in = rows[0][-1]  # the last column of every row; an empty claim returns one row of NULLs and it
@@ -161,7 +167,7 @@ def mark_dispatched(envelope_ids: list[int], token: uuid.UUID, latencies: list[f
     """
     if not envelope_ids:
         return 0
-    with prepared.cursor(generic_plans=True) as cursor:
+    with prepared.cursor(dispatcher_session=True) as cursor:
         cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token})
         count, waits = cursor.fetchone()
     tracing.envelopes_dispatched(envelope_ids)  # outbox-wait spans of traced jobs; no-op without a tracer provider

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from dispatch_app.dispatch.claim import CLAIM_SQL, ENVELOPE, JOB, claim_batch
+from dispatch_app.prepared import DISPATCHER_SESSION
 
 pytestmark = pytest.mark.django_db
 
@@ -28,6 +29,9 @@ def plan_nodes(node, within: tuple[str, ...] = ()):
 
 
 def explain(cursor, options: str, limit: int) -> list[dict]:
+    # The dispatcher runs the claim in a session set up this way (dispatch_app.prepared); SET LOCAL: this test only.
+    for statement in DISPATCHER_SESSION:
+        cursor.execute(statement.replace("SET ", "SET LOCAL ", 1))
     cursor.execute(
         f"EXPLAIN ({options}, FORMAT JSON) " + CLAIM_SQL, {"limit": limit, "lease": 30, "token": str(uuid.uuid4())}
     )
@@ -147,7 +151,8 @@ def test_the_generic_plan_of_the_prepared_claim_reads_both_indexes_in_order(big_
     # The claim runs prepared (dispatch_app.prepared); after five executions PostgreSQL keeps a generic plan,
     # made without the batch size or the clock. That plan too must read the indexes in order, never Sort.
     sql = CLAIM_SQL.replace("%(limit)s", "$1::int").replace("%(lease)s", "$2::float8").replace("%(token)s", "$3::uuid")
-    big_outbox.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    for statement in DISPATCHER_SESSION:
+        big_outbox.execute(statement.replace("SET ", "SET LOCAL ", 1))
     big_outbox.execute("PREPARE pf_claim_probe AS " + sql)
     big_outbox.execute(f"EXPLAIN (FORMAT JSON) EXECUTE pf_claim_probe(100, 30, '{uuid.uuid4()}')")
     raw = big_outbox.fetchone()[0]
