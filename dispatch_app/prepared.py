@@ -2,8 +2,8 @@
 
 Django's psycopg cursor binds parameters on the client, so PostgreSQL parses
 and plans every statement anew. For the claim that planning was most of its
-cost: 1.2 ms of backend CPU per (empty) claim, 0.19 ms prepared; the mark 0.8
-ms (`dispatchbench`, docs/benchmarks.md "Prepared statements"). ``cursor()``
+cost: 1.2 ms of backend CPU per (empty) claim, 0.7 ms of it planning, 0.19 ms
+prepared (docs/benchmarks.md 2b, "This session"). ``cursor()``
 hands out Django's cursor wrapper (error translation, query logging, execute
 wrappers: everything a Django cursor does) around a server-binding psycopg
 cursor that prepares what it executes: PostgreSQL plans a statement per
@@ -11,10 +11,10 @@ session, and after five executions keeps the generic plan when it costs no
 more than the custom ones (plan_cache_mode = auto).
 
 Only what asks for it is prepared: the connection's own automatic preparation
-stays as configured (Django: off). With query logging on (DEBUG, a test capturing
-queries) these statements run on Django's own cursor, so the log shows them. ``DISPATCH["PREPARED_STATEMENTS"] = False``
-turns this off, for PgBouncer in transaction mode before 1.21 (prepared
-statements are per server session there).
+stays as configured (Django: off). With query logging on (DEBUG, a test
+capturing queries) these statements run on Django's own cursor, so the log shows
+them. ``DISPATCH["PREPARED_STATEMENTS"] = False`` turns this off, for PgBouncer
+in transaction mode before 1.21 (prepared statements are per server session there).
 """
 
 from __future__ import annotations
