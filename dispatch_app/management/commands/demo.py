@@ -21,6 +21,7 @@ from django.db import connection
 from dispatch_app.demo_payloads import demo_domain_keys
 from dispatch_app.latency import format_table, stage_latencies
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
+from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.management.commands.loadgen import generate, progress_bar
 from dispatch_app.rqworker.runner import default_processes
 
@@ -72,6 +73,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=positive_float, default=300.0, help="give up after this many seconds")
 
     def handle(self, *args, **options):
+        require_migrated()  # before any child starts: the children would only die with a traceback
         domains = options["domains"] or demo_domain_keys()
         log_dir = Path(settings.BASE_DIR) / "var" / "demo"
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from django.db import close_old_connections
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import domain_keys
 from dispatch_app.management.commands._args import SettingsErrorExit2
+from dispatch_app.management.commands._migrated import require_migrated
 
 EXIT_BUSY = 3
 
@@ -51,6 +52,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         from dispatch_app.recovery.policy import resolve
         from dispatch_app.recovery.round import Round
 
+        require_migrated()
         conf = dispatch_settings()
         domains = list(dict.fromkeys(options["domains"] or domain_keys()))
         policies = [resolve(domain, conf.RECOVERY) for domain in domains]

@@ -26,6 +26,7 @@ from dispatch_app.management.commands._args import (
     positive_float,
     positive_int,
 )
+from dispatch_app.management.commands._migrated import require_migrated
 
 log = logging.getLogger("dispatch_app.rundispatcher")
 
@@ -92,6 +93,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         )
         if not options.get("skip_checks"):
             self.check()
+        require_migrated()
         if options.get("recovery_child"):
             return self._recovery_child(conf, options)
         if not options.get("no_dispatch"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.management.commands._args import positive_int
+from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
 
 
@@ -31,6 +32,7 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="INFO", help="worker log level (default INFO)")
 
     def handle(self, *args, **options):
+        require_migrated()
         try:
             queues = parse_queues(options["queues"])
             one_server(queues)  # refused up front, naming the per-server --queues to run instead
