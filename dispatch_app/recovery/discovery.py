@@ -51,19 +51,20 @@ LEDGER_MARK = (
 )
 
 REREAD_SQL = f"""
-SELECT j.status, j.attempt, j.updated_at, j.vendor_request_id, j.started_at,
+SELECT j.id, j.status, j.attempt, j.updated_at, j.vendor_request_id, j.started_at,
        (SELECT e.status FROM {ENVELOPE} e WHERE e.job_id = j.id AND e.attempt = j.attempt),
        clock_timestamp(),
        (SELECT count(*) FROM {vendor_calls.TABLE} v WHERE v.job_id = j.id),
        {LEDGER_MARK}
 FROM {JOB} j
-WHERE j.id = %s
+WHERE j.id = ANY(%s)
 """
 
 LOCK_SQL = f"""
-SELECT j.status, j.attempt, j.updated_at, {LEDGER_MARK}
+SELECT j.id, j.status, j.attempt, j.updated_at, {LEDGER_MARK}
 FROM {JOB} j
-WHERE j.id = %s
+WHERE j.id = ANY(%s)
+ORDER BY j.id
 FOR UPDATE OF j SKIP LOCKED
 """
 
@@ -104,48 +105,67 @@ def discover(policy) -> Discovery:
 
 
 def reread(job_id: int) -> tuple[JobState, datetime] | None:
-    """The job, its calls in doubt and the database clock, from one snapshot; None if the job is gone.
+    """The job, its calls in doubt and the database clock, from one snapshot; None if the job is gone."""
+    return reread_many([job_id]).get(job_id)
 
-    A short read-only transaction (repeatable read, so the ledger and the job agree); no row lock.
+
+def reread_many(job_ids: list[int]) -> dict[int, tuple[JobState, datetime]]:
+    """Each job with its calls in doubt and the database clock, all from one snapshot (a round's candidates).
+
+    A short read-only transaction (repeatable read, so each ledger and its job agree); no row lock.
+    A job that is gone is not in the result.
     """
     assert not connection.in_atomic_block, "reread takes its own snapshot; the evidence is gathered outside it"
+    if not job_ids:
+        return {}
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        cursor.execute(REREAD_SQL, [job_id])
-        row = cursor.fetchone()
-        in_doubt = tuple(vendor_calls.unsettled(job_id)) if row is not None and row[7] else ()
-    if row is None:
-        return None
-    status, attempt, updated_at, vendor_request_id, started_at, envelope_status, now, recorded, mark = row
-    state = JobState(
-        job_id,
-        status,
-        attempt,
-        updated_at,
-        envelope_status,
-        vendor_request_id or "",
-        started_at=started_at,
-        in_doubt=in_doubt,
-        calls_recorded=recorded,
-        ledger_mark=mark or "",
-    )
-    return state, now
+        cursor.execute(REREAD_SQL, [list(job_ids)])
+        rows = cursor.fetchall()
+        in_doubt = {row[0]: tuple(vendor_calls.unsettled(row[0])) for row in rows if row[8]}
+    states = {}
+    for job_id, status, attempt, updated_at, request_id, started_at, envelope_status, now, recorded, mark in rows:
+        state = JobState(
+            job_id,
+            status,
+            attempt,
+            updated_at,
+            envelope_status,
+            request_id or "",
+            started_at=started_at,
+            in_doubt=in_doubt.get(job_id, ()),
+            calls_recorded=recorded,
+            ledger_mark=mark or "",
+        )
+        states[job_id] = (state, now)
+    return states
 
 
 def lock_unchanged(state: JobState) -> str:
-    """Lock the job for the action: "ok" if it is as ``state`` saw it, else "locked" or "moved".
+    """Lock the job for the action: "ok" if it is as ``state`` saw it, else "locked" or "moved"."""
+    return lock_unchanged_many([state])[state.job_id]
 
-    Must run inside the action's transaction, which then owns the lock (for a few statements only).
+
+def lock_unchanged_many(states: list[JobState]) -> dict[int, str]:
+    """Lock the jobs for their actions, in one statement: per job "ok", "locked" or "moved" (as in lock_unchanged).
+
+    Must run inside the actions' transaction, which then owns the locks (for a few statements only).
+    A row another transaction holds is skipped, never waited for; rows are locked in id order.
     """
     assert connection.in_atomic_block, "lock_unchanged must run inside the action's transaction"
     with connection.cursor() as cursor:
-        cursor.execute(LOCK_SQL, [state.job_id])
-        row = cursor.fetchone()
-    if row is None:
-        return "locked"
-    if tuple(row) != (state.status, state.attempt, state.updated_at, state.ledger_mark):
-        return "moved"
-    return "ok"
+        cursor.execute(LOCK_SQL, [[state.job_id for state in states]])
+        rows = {row[0]: tuple(row[1:]) for row in cursor.fetchall()}
+    seen = {}
+    for state in states:
+        row = rows.get(state.job_id)
+        if row is None:
+            seen[state.job_id] = "locked"
+        elif row != (state.status, state.attempt, state.updated_at, state.ledger_mark):
+            seen[state.job_id] = "moved"
+        else:
+            seen[state.job_id] = "ok"
+    return seen
 
 
 def moved(candidate: Candidate, state: JobState) -> bool:

@@ -121,6 +121,21 @@ class RoundSignals:
     finished: Callable[[RoundResult], None] | None = None
 
 
+@dataclass
+class Planned:
+    """A candidate looked at and decided on, its action not taken yet."""
+
+    candidate: discovery.Candidate
+    report: CandidateReport
+    state: JobState
+    seen: evidence.Evidence
+    decision: Decision
+
+
+# RoundResult's counters that actions move (restored when a batch of actions is rolled back).
+COUNTS = ("redispatched", "left_alone", "unknown", "failed", "skipped", "errors")
+
+
 def process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -209,24 +224,26 @@ class Round:
         result.oldest_candidate_age = found.oldest_age
         if self.signals.after_discovery is not None:
             self.signals.after_discovery(found)
-        for candidate in found.candidates:
-            report = CandidateReport(candidate.job_id, candidate.status, candidate.attempt, candidate.age_seconds)
-            result.candidates.append(report)
-            result.scanned += 1
-            try:
-                self._candidate(candidate, report, result)
-            except ROUND_FATAL:
-                raise
-            except Exception as exc:
-                result.errors += 1
-                report.outcome, report.reason = "error", f"{type(exc).__name__}: {exc}"
-                log.exception(
-                    "%s: recovering job %s failed",
-                    self.domain,
-                    candidate.job_id,
-                    extra={"action": "recovery_error", "domain": self.domain},
-                )
-                self._back_off(candidate, report, result)
+        states = self._reread(found)
+        planned: list[Planned] = []
+        try:
+            for candidate in found.candidates:
+                report = CandidateReport(candidate.job_id, candidate.status, candidate.attempt, candidate.age_seconds)
+                result.candidates.append(report)
+                result.scanned += 1
+                try:
+                    step = self._look(candidate, states, report, result, planned)
+                except ROUND_FATAL:
+                    raise
+                except Exception as exc:
+                    self._failed(candidate, report, result, exc)
+                    continue
+                if step is not None:
+                    planned.append(step)
+        except ROUND_FATAL:
+            self._act_before_leaving(planned, result)
+            raise
+        self._act_all(planned, result)
         self._record(result, final=True)
         acted = result.redispatched or result.unknown or result.failed or result.errors
         level = logging.INFO if acted else logging.DEBUG
@@ -274,19 +291,48 @@ class Round:
                 extra={"action": "recovery_error", "domain": self.domain},
             )
 
-    def _candidate(self, candidate, report: CandidateReport, result: RoundResult) -> None:
-        got = discovery.reread(candidate.job_id)
+    def _reread(self, found: discovery.Discovery) -> dict | None:
+        """The round's candidates from one snapshot; None: each is re-read on its own (its error stays its own)."""
+        try:
+            return discovery.reread_many([c.job_id for c in found.candidates])
+        except ROUND_FATAL:
+            raise
+        except Exception:
+            log.exception(
+                "%s: re-reading the round's candidates together failed; re-reading them one by one",
+                self.domain,
+                extra={"action": "recovery_error", "domain": self.domain},
+            )
+            return None
+
+    def _failed(self, candidate, report: CandidateReport, result: RoundResult, exc: Exception) -> None:
+        result.errors += 1
+        report.outcome, report.reason = "error", f"{type(exc).__name__}: {exc}"
+        log.error(
+            "%s: recovering job %s failed",
+            self.domain,
+            candidate.job_id,
+            exc_info=exc,
+            extra={"action": "recovery_error", "domain": self.domain},
+        )
+        self._back_off(candidate, report, result)
+
+    def _look(
+        self, candidate, states: dict | None, report: CandidateReport, result: RoundResult, planned
+    ) -> Planned | None:
+        """Re-read (from the round's snapshot), gather the evidence, decide: what to do, not done yet."""
+        got = discovery.reread(candidate.job_id) if states is None else states.get(candidate.job_id)
         if got is None:
             result.skipped += 1
             report.outcome, report.reason = "moved", "the job no longer exists"
-            return
+            return None
         state, now = got
         if discovery.moved(candidate, state):
             # Not an order: a worker or a user moved it since discovery. Not touched.
             result.skipped += 1
             report.outcome = "moved"
             report.reason = f"moved since discovery: now {state.status}, attempt {state.attempt}"
-            return
+            return None
         # Network calls, no transaction open: nothing waits on us while Redis or the vendor is slow.
         seen = evidence.gather(state, self.policy, self.redis, self.provider)
         decision = decisions.decide(state, seen, self.policy, now)
@@ -295,27 +341,85 @@ class Round:
             report.evidence["calls_in_doubt"] = [call.as_dict() for call in state.in_doubt]
         if self.dry_run:
             report.outcome = "would"
-            return
-        if decision.kind == decisions.REDISPATCH and result.redispatched >= self.policy.redispatch_cap:
+            return None
+        redispatches = sum(1 for step in planned if step.decision.kind == decisions.REDISPATCH)
+        if decision.kind == decisions.REDISPATCH and redispatches >= self.policy.redispatch_cap:
             # The rate cap (a recovery herd after Redis loss): the rest waits for the next round.
             result.skipped += 1
             result.has_more = True
             report.outcome = "deferred"
+            return None
+        return Planned(candidate, report, state, seen, decision)
+
+    def _act_all(self, planned: list[Planned], result: RoundResult) -> None:
+        """The round's actions in one transaction: one statement locks every row, one commit ends it.
+
+        Per candidate this saves the transaction's two round trips and the lock's one
+        (a recovery storm's cost is mostly round trips). If any action raises, the
+        whole batch is rolled back and each is done again on its own, so only the
+        candidate that raises is counted as an error, as before.
+        """
+        if not planned:
             return
-        with transaction.atomic():
-            seen_now = discovery.lock_unchanged(state)
-            if seen_now != "ok":
-                result.skipped += 1
-                report.outcome = seen_now
-                report.reason = (
-                    "row locked by another transaction"
-                    if seen_now == "locked"
-                    else "moved while its evidence was gathered (a worker or a user got there first)"
-                ) + f"; would have been: {decision.kind} ({decision.reason})"
-                return
-            self._act(state, decision, seen, result)
-            report.outcome = "done"
-        if decision.kind != decisions.LEAVE_ALONE:
+        counts = {kind: getattr(result, kind) for kind in COUNTS}
+        try:
+            with transaction.atomic():
+                seen = discovery.lock_unchanged_many([step.state for step in planned])
+                for step in planned:
+                    self._act_locked(step, seen[step.state.job_id], result)
+        except ROUND_FATAL:
+            raise
+        except Exception:
+            for kind, value in counts.items():
+                setattr(result, kind, value)
+            log.warning(
+                "%s: an action of the round's batch failed; doing them one by one",
+                self.domain,
+                exc_info=True,
+                extra={"action": "recovery_batch_retry", "domain": self.domain},
+            )
+            for step in planned:
+                self._act_one(step, result)
+            return
+        for step in planned:
+            self._log_action(step)
+
+    def _act_one(self, step: Planned, result: RoundResult) -> None:
+        """One candidate's action in its own transaction; an error is that candidate's alone."""
+        try:
+            with transaction.atomic():
+                self._act_locked(step, discovery.lock_unchanged(step.state), result)
+        except ROUND_FATAL:
+            raise
+        except Exception as exc:
+            self._failed(step.candidate, step.report, result, exc)
+            return
+        self._log_action(step)
+
+    def _act_before_leaving(self, planned: list[Planned], result: RoundResult) -> None:
+        """The round is ending on a fatal error (Redis or the database gone): what was decided is still done."""
+        try:
+            self._act_all(planned, result)
+        except ROUND_FATAL:
+            pass  # the database is gone too: the round's error says so, and the candidates are found again
+
+    def _act_locked(self, step: Planned, seen_now: str, result: RoundResult) -> None:
+        report, decision = step.report, step.decision
+        if seen_now != "ok":
+            result.skipped += 1
+            report.outcome = seen_now
+            report.reason = (
+                "row locked by another transaction"
+                if seen_now == "locked"
+                else "moved while its evidence was gathered (a worker or a user got there first)"
+            ) + f"; would have been: {decision.kind} ({decision.reason})"
+            return
+        self._act(step.state, decision, step.seen, result)
+        report.outcome = "done"
+
+    def _log_action(self, step: Planned) -> None:
+        if step.report.outcome == "done" and step.decision.kind != decisions.LEAVE_ALONE:
+            state, decision = step.state, step.decision
             log.info(
                 "%s job %s attempt %s: %s (%s)",
                 self.domain,

@@ -28,15 +28,19 @@ log = logging.getLogger("dispatch_app.runtime")
 BACKLOG_GRACE = 0.02
 CHECK_INTERVAL = 0.025
 
-# One look per claim index (first attempts, later ones: dispatch_app.dispatch.claim).
+# One look per claim index (first attempts, later ones: dispatch_app.dispatch.claim). The clock is read
+# once per half (a sub-select): compared with the bare volatile clock_timestamp(), available_at would be a
+# filter on every pending envelope of the index (all the delayed retries when there is no backlog).
 BACKLOG_SQL = """
 SELECT EXISTS (
     SELECT 1 FROM dispatch_app_dispatchenvelope
-    WHERE status = 'pending' AND attempt = 1 AND available_at <= clock_timestamp() - make_interval(secs => %(grace)s)
+    WHERE status = 'pending' AND attempt = 1
+      AND available_at <= (SELECT clock_timestamp() - make_interval(secs => %(grace)s))
       AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
 ) OR EXISTS (
     SELECT 1 FROM dispatch_app_dispatchenvelope
-    WHERE status = 'pending' AND attempt > 1 AND available_at <= clock_timestamp() - make_interval(secs => %(grace)s)
+    WHERE status = 'pending' AND attempt > 1
+      AND available_at <= (SELECT clock_timestamp() - make_interval(secs => %(grace)s))
       AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
 )
 """

@@ -276,3 +276,67 @@ def test_redis_unreachable_ends_the_round_at_the_first_candidate(redis_conn, pro
     assert statuses(jobs) == {j.pk: ("queued", 1) for j in jobs}
     assert not JobEvent.objects.exists()
     assert Round(policy("delivery"), redis=redis_conn, provider=provider).run_once().ran  # lock given back
+
+
+def test_an_action_that_raises_rolls_back_the_batch_and_only_its_candidate_is_an_error(redis_conn, provider):
+    # The round acts on all its candidates in one transaction; a redispatch PostgreSQL refuses for one
+    # job (a trigger, as a broken row would) must not cost the others their action.
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(3)]
+    dispatch_now()
+    redis_conn.flushdb()
+    bad = jobs[1]
+    with other_connection() as other:
+        other.execute(
+            "CREATE FUNCTION pf_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$"
+        )
+        other.execute(
+            "CREATE TRIGGER pf_test_refuse BEFORE UPDATE ON dispatch_app_job FOR EACH ROW "
+            f"WHEN (NEW.id = {int(bad.pk)} AND NEW.attempt <> OLD.attempt) EXECUTE FUNCTION pf_test_refuse()"
+        )
+        other.commit()
+        try:
+            result = Round(policy("delivery"), redis=redis_conn, provider=provider).run_once()
+        finally:
+            other.execute("DROP TRIGGER pf_test_refuse ON dispatch_app_job")
+            other.execute("DROP FUNCTION pf_test_refuse()")
+            other.commit()
+
+    assert (result.scanned, result.redispatched, result.errors, result.skipped) == (3, 2, 1, 0), result
+    outcomes = {c.job_id: c.outcome for c in result.candidates}
+    assert outcomes == {jobs[0].pk: "done", bad.pk: "error", jobs[2].pk: "done"}
+    assert "refused by the test" in next(c.reason for c in result.candidates if c.job_id == bad.pk)
+    assert statuses(jobs) == {jobs[0].pk: ("submitted", 2), bad.pk: ("queued", 1), jobs[2].pk: ("submitted", 2)}
+    assert [e.kind for e in events(bad)] == ["recovery_error"]
+    for job in (jobs[0], jobs[2]):
+        assert [e.kind for e in events(job)] == ["recovery_redispatch"]
+        assert DispatchEnvelope.objects.filter(job=job, attempt=2, status="pending").count() == 1
+    assert not DispatchEnvelope.objects.filter(job=bad, attempt=2).exists()
+    record = RecoveryRound.objects.get(pk=result.round_id)
+    assert (record.redispatched, record.errors) == (2, 1)
+
+
+def test_redis_lost_mid_round_still_acts_on_what_was_decided_before(redis_conn, provider):
+    import redis
+
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(3)]
+    dispatch_now()
+    redis_conn.flushdb()
+    asked = []
+
+    class LostAfterTwo(type(redis_conn)):
+        # The real server answers the first two candidates' questions; then the connection is gone.
+        def exists(self, *names):
+            asked.append(names)
+            if len(asked) > 2:
+                raise redis.ConnectionError("lost by the test")
+            return super().exists(*names)
+
+    flaky = LostAfterTwo(connection_pool=redis_conn.connection_pool)
+    with pytest.raises(redis.ConnectionError):
+        Round(policy("delivery"), redis=flaky, provider=provider).run_once()
+
+    assert statuses(jobs) == {jobs[0].pk: ("submitted", 2), jobs[1].pk: ("submitted", 2), jobs[2].pk: ("queued", 1)}
+    record = RecoveryRound.objects.get(domain="delivery")
+    assert "lost by the test" in record.error and record.redispatched == 2
+    assert not events(jobs[2])

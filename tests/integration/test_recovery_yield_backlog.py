@@ -47,3 +47,29 @@ def test_the_recovery_childs_loops_yield_at_most_one_period_and_in_process_loops
     assert isinstance(loop.waiter, YieldingWait) and loop.waiter.max_yield == loop.policy.period_seconds
     (plain,) = [r.loop for r in threads.runners]
     assert not isinstance(plain.waiter, YieldingWait)
+
+
+def _index_scans(plan: dict) -> list[dict]:
+    found = [plan] if plan.get("Node Type") == "Index Only Scan" or plan.get("Node Type") == "Index Scan" else []
+    for child in plan.get("Plans", []):
+        found += _index_scans(child)
+    return found
+
+
+def test_each_half_reads_its_claim_index_as_a_range_on_available_at():
+    # A clock read per row would make available_at a filter over every pending envelope of the index.
+    from django.db import connection, transaction
+
+    from dispatch_app.runtime.yielding import BACKLOG_SQL
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + BACKLOG_SQL, {"grace": 0.0})
+        plan = cursor.fetchone()[0]
+    plan = plan[0]["Plan"] if isinstance(plan, list) else plan
+    scans = {scan["Index Name"]: scan for scan in _index_scans(plan) if scan["Index Name"].startswith("envelope_")}
+    assert set(scans) == {"envelope_claim_first", "envelope_claim_again"}, scans
+    for name, scan in scans.items():
+        assert "available_at" in scan.get("Index Cond", ""), (name, scan)
+        assert "available_at" not in scan.get("Filter", ""), (name, scan)
