@@ -101,6 +101,20 @@ REDISPATCH_ENVELOPE_SQL = (
     "VALUES (%s, %s, %s, %s, 'pending', "
     "clock_timestamp() + make_interval(secs => %s), 0, '', clock_timestamp())"
 )
+# The same move for many jobs of one domain in one statement (a recovery round's re-dispatches): each job's
+# compare-and-set is its own row of the unnest; the envelopes are inserted from the rows that moved.
+REDISPATCH_MANY_SQL = (
+    f"WITH seen(id, attempt, status) AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], "
+    "%(statuses)s::text[])), "
+    f"moved AS (UPDATE {JOB} j SET attempt = j.attempt + 1, status = 'submitted', error = '', "
+    "vendor_request_id = '', started_at = NULL FROM seen "
+    "WHERE j.id = seen.id AND j.attempt = seen.attempt AND j.status = seen.status AND j.domain = %(domain)s "
+    "RETURNING j.id, j.attempt), "
+    "envelopes AS (INSERT INTO dispatch_app_dispatchenvelope "
+    "(job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, created_at) "
+    "SELECT id, attempt, %(domain)s, %(queue)s, 'pending', clock_timestamp(), 0, '', clock_timestamp() FROM moved) "
+    "SELECT id, attempt FROM moved"
+)
 # A finished job an operator re-dispatched is unfinished again: its old outcome goes.
 REOPEN_SQL = f"UPDATE {JOB} SET finished_at = NULL, result = NULL WHERE id = %s"
 
@@ -146,6 +160,44 @@ def conclude(cursor, job_id: int, attempt: int, seen_status: str, status: str, e
         raise IllegalTransition(f"recovery concludes only an unfinished job, not a {seen_status!r} one")
     cursor.execute(CONCLUDE_SQL, [status, error, job_id, attempt, seen_status])
     return cursor.rowcount == 1
+
+
+def redispatch_many(domain: str, jobs: list[tuple[int, int, str, str, dict]], *, kind: str) -> dict[int, int]:
+    """``redispatch`` (due now) for many jobs of one domain: two statements, whatever their number.
+
+    ``jobs``: (job id, from attempt, the status it was seen in, the event's reason, the event's data).
+    Returns {job id: new attempt} for the jobs that moved; a job missing from it had moved
+    on since the caller looked (its compare-and-set failed), and is not touched.
+    Must run inside a transaction.
+    """
+    assert connection.in_atomic_block, "redispatch_many must run inside the caller's transaction"
+    if not jobs:
+        return {}
+    for _, _, status, _, _ in jobs:
+        if status not in UNFINISHED:
+            raise IllegalTransition(f"only an unfinished job is re-dispatched this way, not a {status!r} one")
+    params = {
+        "ids": [job[0] for job in jobs],
+        "attempts": [job[1] for job in jobs],
+        "statuses": [job[2] for job in jobs],
+        "domain": domain,
+        "queue": get_domain(domain).queue,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(REDISPATCH_MANY_SQL, params)
+        moved = dict(cursor.fetchall())
+    JobEvent.objects.bulk_create(
+        JobEvent(
+            job_id=job_id,
+            attempt=attempt,
+            kind=kind,
+            reason=reason,
+            data={**data, "next_attempt": moved[job_id], "delay_seconds": 0.0},
+        )
+        for job_id, attempt, _, reason, data in jobs
+        if job_id in moved
+    )
+    return moved
 
 
 def cancel(cursor, job_id: int) -> tuple[int, str] | None:

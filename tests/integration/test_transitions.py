@@ -164,3 +164,41 @@ def test_a_succeeded_or_cancelled_job_is_never_redispatched():
     with transaction.atomic(), pytest.raises(IllegalTransition, match="never re-dispatched"):
         transitions.redispatch(job.pk, 1, kind="x", reason="y", allowed_statuses=("failed", "cancelled"))
     assert status(job) == ("submitted", 1)
+
+
+def test_redispatch_many_moves_each_job_by_its_own_compare_and_set():
+    from dispatch_app.models import JobEvent
+
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(4)]
+    dispatch_now()  # all queued, attempt 1
+    finished, stale_attempt = jobs[1], jobs[2]
+    Job.objects.filter(pk=finished.pk).update(status="succeeded")
+    seen = [
+        (jobs[0].pk, 1, "queued", "lost", {"round": 7}),
+        (finished.pk, 1, "queued", "lost", {"round": 7}),  # finished since it was seen: not touched
+        (stale_attempt.pk, 2, "queued", "lost", {"round": 7}),  # seen at an attempt it is not at
+        (jobs[3].pk, 1, "queued", "lost too", {"round": 7}),
+    ]
+    with transaction.atomic():
+        moved = transitions.redispatch_many("delivery", seen, kind="recovery_redispatch")
+
+    assert moved == {jobs[0].pk: 2, jobs[3].pk: 2}
+    assert [status(j) for j in jobs] == [("submitted", 2), ("succeeded", 1), ("queued", 1), ("submitted", 2)]
+    pending = DispatchEnvelope.objects.filter(attempt=2, status="pending")
+    assert sorted(pending.values_list("job_id", "queue")) == sorted(
+        [(jobs[0].pk, "delivery"), (jobs[3].pk, "delivery")]
+    )
+    events = {e.job_id: e for e in JobEvent.objects.filter(kind="recovery_redispatch")}
+    assert set(events) == {jobs[0].pk, jobs[3].pk}
+    assert (events[jobs[3].pk].attempt, events[jobs[3].pk].reason) == (1, "lost too")
+    assert events[jobs[3].pk].data == {"round": 7, "next_attempt": 2, "delay_seconds": 0.0}
+
+
+def test_redispatch_many_refuses_a_finished_status_and_a_job_of_another_domain():
+    job = submit("delivery", PAYLOADS["delivery"])
+    other = submit("workflow", PAYLOADS["workflow"])
+    with transaction.atomic(), pytest.raises(IllegalTransition, match="not a 'succeeded' one"):
+        transitions.redispatch_many("delivery", [(job.pk, 1, "succeeded", "r", {})], kind="x")
+    with transaction.atomic():
+        assert transitions.redispatch_many("delivery", [(other.pk, 1, "submitted", "r", {})], kind="x") == {}
+    assert status(other) == ("submitted", 1)
