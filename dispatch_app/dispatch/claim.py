@@ -39,6 +39,8 @@ class Claim:
     envelopes: list[Claimed]
     # Seconds until the next pending envelope that was not yet claimable falls due; None when there is none.
     next_due_in: float | None = None
+    # The claim took as many later attempts as it may: more may be due (claim again at once).
+    again_full: bool = False
 
 
 # Claims and marks commit without waiting for the WAL flush: one fsync less
@@ -69,7 +71,9 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 #
 # New work first: a batch takes first attempts and only tops up with later
 # attempts (re-dispatches by recovery, a worker's retry, an operator) when fewer
-# first attempts are due; each half reads its own partial index in order
+# first attempts are due, and with at most AGAIN_PER_CLAIM of them: a recovery
+# round commits its re-dispatches together, and a drain sending all of them keeps
+# a job committed meanwhile waiting for the whole send. Each half reads its own partial index in order
 # (envelope_claim_first, envelope_claim_again), and the second does not run at
 # all when the first filled the batch. A recovery storm re-dispatches in bursts,
 # all due at once; in plain (available_at, id) order a job committed just after
@@ -83,6 +87,10 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 # is one more read of each index, stopping at the first row past the clock
 # bound, in the statement's snapshot (so not this claim's own leases). The
 # claimed rows are LEFT JOINed to that one row: an empty claim still returns it.
+# Later attempts per claim: a drain of this many sends is short (one Redis pipeline chunk), and a drain that
+# took this many is followed at once by another, which again takes new work first.
+AGAIN_PER_CLAIM = 5
+
 CLAIM_SQL = f"""
 WITH first AS (
     SELECT id FROM {ENVELOPE}
@@ -103,7 +111,7 @@ WITH first AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) due
-    LIMIT %(limit)s - (SELECT count(*) FROM first)
+    LIMIT LEAST(%(limit)s - (SELECT count(*) FROM first), %(again_limit)s)
 ), claimed AS (
     UPDATE {ENVELOPE} e
     SET available_at = clock_timestamp() + make_interval(secs => %(lease)s),
@@ -124,16 +132,25 @@ SELECT claimed.*, next_due.seconds FROM next_due LEFT JOIN claimed ON true
 """
 
 
-def claim_batch(limit: int, lease_seconds: float, *, locking: str = "FOR UPDATE SKIP LOCKED") -> Claim:
+def claim_batch(
+    limit: int, lease_seconds: float, *, again_limit: int | None = None, locking: str = "FOR UPDATE SKIP LOCKED"
+) -> Claim:
+    """Up to ``limit`` due envelopes, first attempts first, then at most ``again_limit`` later attempts.
+
+    ``again_limit`` defaults to AGAIN_PER_CLAIM; a claim that took that many may have left more due
+    (``Claim.again_full``), so the loop claims again at once, taking new work first each time.
+    """
     token = uuid.uuid4()
+    again_limit = AGAIN_PER_CLAIM if again_limit is None else again_limit
     sql = CLAIM_SQL if locking == "FOR UPDATE SKIP LOCKED" else CLAIM_SQL.replace("FOR UPDATE SKIP LOCKED", locking)
     with prepared.cursor(dispatcher_session=True) as cursor:
-        cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token})
+        cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token, "again_limit": again_limit})
         rows = cursor.fetchall()
     next_due_in = rows[0][-1]  # the last column of every row; an empty claim returns one row of NULLs and it
     # RETURNING order is not guaranteed; the send order follows the claim's: first attempts, then the rest.
     claimed = sorted((row[:-1] for row in rows if row[0] is not None), key=lambda r: (r[2] > 1, r[0]))
-    return Claim(token, [Claimed(*row) for row in claimed], next_due_in)
+    again = sum(1 for row in claimed if row[2] > 1)
+    return Claim(token, [Claimed(*row) for row in claimed], next_due_in, again_full=0 < again_limit <= again)
 
 
 MARK_DISPATCHED_SQL = f"""

@@ -52,6 +52,7 @@ class DrainResult:
     batches: int = 0
     claimed: int = 0
     claimed_first: int = 0  # of those, first attempts (new work; the rest are re-dispatches)
+    again_full: bool = False  # the last claim took its most re-dispatches (claim.AGAIN_PER_CLAIM): claim again
     dispatched: int = 0
     duplicates: int = 0
     failed: int = 0
@@ -191,7 +192,9 @@ class DispatchLoop:
                     previous, in_flight = in_flight, None
                     self._collect(total, previous, result, record)
                 # A refusing Redis would refuse the next batch too: its breaker decides when to try again.
-                more = result.claimed >= limit and not (result.outage and not self._any_closed())
+                # Full: more may be due. So is a claim that took its most re-dispatches (claim.AGAIN_PER_CLAIM).
+                full = result.claimed >= limit or result.again_full
+                more = full and not (result.outage and not self._any_closed())
                 if more and not self.stop.is_set():
                     in_flight = self._marker.submit(self._record_in_background, result, record)
                     continue
@@ -288,6 +291,7 @@ class DispatchLoop:
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)
         result.claimed_first = sum(1 for e in batch.envelopes if e.attempt == 1)
+        result.again_full = batch.again_full
         result.next_due_in = batch.next_due_in
         self._due_at = None if batch.next_due_in is None else self._clock() + batch.next_due_in
         if not batch.envelopes:

@@ -27,7 +27,9 @@ def raw_connection() -> psycopg.Connection:
 
 
 def claim_on(conn: psycopg.Connection, limit: int) -> list[int]:
-    rows = conn.execute(CLAIM_SQL, {"limit": limit, "lease": 30, "token": uuid.uuid4()}).fetchall()
+    rows = conn.execute(
+        CLAIM_SQL, {"limit": limit, "lease": 30, "token": uuid.uuid4(), "again_limit": limit}
+    ).fetchall()
     return sorted(r[0] for r in rows)
 
 

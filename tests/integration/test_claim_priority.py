@@ -53,3 +53,37 @@ def test_a_first_attempt_held_by_another_transaction_is_skipped_and_the_batch_to
         holder.rollback()
     assert claimed_ids(3) == [new[0], again[1]]
     assert DispatchEnvelope.objects.filter(lease_token__isnull=True).count() == 0
+
+
+def test_a_claim_takes_at_most_its_share_of_redispatches_and_says_more_may_be_due():
+    from dispatch_app.dispatch.claim import AGAIN_PER_CLAIM
+
+    again = envelopes(2, AGAIN_PER_CLAIM + 3, age_s=30)  # a recovery round's re-dispatches, committed together
+    new = envelopes(1, 1, age_s=0.1)
+    first = claim_batch(100, 30)
+    assert [e.envelope_id for e in first.envelopes] == new + again[:AGAIN_PER_CLAIM]
+    assert first.again_full is True
+    second = claim_batch(100, 30)
+    assert [e.envelope_id for e in second.envelopes] == again[AGAIN_PER_CLAIM:]
+    assert second.again_full is False
+    assert claim_batch(100, 30, again_limit=0).envelopes == []  # nothing of the kind left either way
+
+
+def test_the_loop_drains_a_burst_of_redispatches_in_short_batches_without_waiting_for_a_wake(redis_conn):
+    import threading
+
+    from dispatch_app.dispatch.claim import AGAIN_PER_CLAIM
+    from dispatch_app.dispatch.loop import DispatchLoop
+    from dispatch_app.runtime.wake import NOTIFY
+    from tests.integration.loop_kit import loop_settings
+
+    burst = 2 * AGAIN_PER_CLAIM + 1
+    again = envelopes(2, burst, age_s=5)
+    loop = DispatchLoop(loop_settings(BATCH_SIZE=100), stop=threading.Event())
+    try:
+        result = loop.run_once(NOTIFY)
+    finally:
+        loop.close()
+    assert result.batch_sizes == [AGAIN_PER_CLAIM, AGAIN_PER_CLAIM, 1]
+    assert result.dispatched == burst
+    assert DispatchEnvelope.objects.filter(id__in=again, status="dispatched").count() == burst
