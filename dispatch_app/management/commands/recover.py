@@ -52,11 +52,11 @@ class Command(SettingsErrorExit2, BaseCommand):
         from dispatch_app.recovery.policy import resolve
         from dispatch_app.recovery.round import Round
 
-        require_migrated()
         conf = dispatch_settings()
         domains = list(dict.fromkeys(options["domains"] or domain_keys()))
         policies = [resolve(domain, conf.RECOVERY) for domain in domains]
         dry_run = options["dry_run"]
+        require_migrated()  # after the settings' own checks (exit code 2 needs no database)
 
         results = []
         for policy in policies:

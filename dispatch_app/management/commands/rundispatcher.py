@@ -93,7 +93,6 @@ class Command(SettingsErrorExit2, BaseCommand):
         )
         if not options.get("skip_checks"):
             self.check()
-        require_migrated()
         if options.get("recovery_child"):
             return self._recovery_child(conf, options)
         if not options.get("no_dispatch"):
@@ -106,6 +105,7 @@ class Command(SettingsErrorExit2, BaseCommand):
             supervisor = assembly.build(conf, options)
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        require_migrated()  # after the settings' own checks (exit code 2 needs no database)
 
         signals = {"count": 0}
         stopped = threading.Event()

@@ -32,7 +32,6 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="INFO", help="worker log level (default INFO)")
 
     def handle(self, *args, **options):
-        require_migrated()
         try:
             queues = parse_queues(options["queues"])
             one_server(queues)  # refused up front, naming the per-server --queues to run instead
@@ -45,4 +44,5 @@ class Command(BaseCommand):
             max_jobs=options["max_jobs"],
             logging_level=options["log_level"].upper(),
         )
+        require_migrated()  # after the queues' own checks
         run(plan)
