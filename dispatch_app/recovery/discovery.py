@@ -1,4 +1,4 @@
-"""Recovery's SQL: discover candidates, re-read one (no lock), then lock it only to act.
+"""Recovery's SQL: discover candidates, re-read them (no lock), then lock them only to act.
 
 All short transactions. Discovery only nominates: by the time a candidate is
 re-read, a worker may have finished it or a user cancelled it, and the re-read
@@ -6,7 +6,8 @@ says so. The re-read takes no lock, because the evidence gathered after it
 (Redis, the vendor) may take seconds and a worker finishing the job must not
 wait for that; the action then locks the row and checks that nothing changed
 since the re-read (a compare-and-set on status, attempt, updated_at and the
-vendor-call ledger).
+vendor-call ledger). A round re-reads its candidates in one snapshot and locks
+them in one statement (``reread_many``, ``lock_unchanged_many``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""One recovery round of one domain: discover, then re-read, look, decide and act per candidate.
+"""One recovery round of one domain: discover, re-read, then look and decide per candidate, then act.
 
 The round holds a session-level advisory lock for its domain, so at most one
 round per domain runs at a time across every dispatcher process (and ``recover
---once``); a round that finds the lock taken does nothing and says so. A
-candidate is re-read without a lock, its evidence (Redis, the vendor) gathered
-outside any transaction, and only the action takes the job's row lock, in a
-short transaction that first checks nothing changed since the re-read: a worker
-finishing the job never waits behind a slow vendor or Redis. A round's record
-(``RecoveryRound``) is written when it starts and when it ends.
+--once``); a round that finds the lock taken does nothing and says so. The
+candidates are re-read without a lock (one snapshot for the round), each one's
+evidence (Redis, the vendor) gathered outside any transaction, and only the
+actions take the jobs' row locks, in one short transaction that first checks
+each is unchanged since the re-read: a worker finishing a job never waits behind
+a slow vendor or Redis. A round's record (``RecoveryRound``) is written when it
+starts and when it ends.
 
 A candidate whose handling raises is counted (``errors``), recorded in its
 history (``recovery_error``) and backed off: its ``updated_at`` moves to now, so
