@@ -52,7 +52,11 @@ SPECS: dict[str, _Spec] = {
         10.0, float, 0.1, 600, "worker heartbeat period (s); a worker silent for 6 periods (min 3 s) counts as dead"
     ),
     "WORKER_DB_CHECK_INTERVAL": _Spec(
-        5.0, float, 0, 3600, "a worker health-checks its PostgreSQL connection after an error or this long (s)"
+        5.0,
+        float,
+        0,
+        3600,
+        "a worker and the dispatch loop health-check their PostgreSQL connection after an error or this long idle (s)",
     ),
     "POLL_INTERVAL": _Spec(1.0, float, 0.01, 3600, "fallback tick in seconds when no NOTIFY arrives"),
     "LEASE_SECONDS": _Spec(30.0, float, 1, 86_400, "visibility timeout of a claimed envelope"),

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 
 from dispatch_app import prepared, tracing
 from dispatch_app.conf import dispatch_settings
+from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck
 from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
@@ -109,33 +109,6 @@ def format_error(exc: BaseException) -> str:
     if len(trace) > room:
         trace = "...\n" + trace[-(room - 4) :]
     return f"{head}\n\n{trace}"
-
-
-class _ConnectionCheck:
-    """When the worker's PostgreSQL connection is checked: after an error, or once per interval.
-
-    Django's close_old_connections() before every job costs a ``SELECT 1`` (CONN_HEALTH_CHECKS)
-    per job. Back-to-back jobs reuse a connection that was working a moment ago;
-    a connection idle for longer than the interval, or one that saw an error, is
-    checked (and replaced if dead) before the next job's start.
-    """
-
-    def __init__(self, interval: float | None = None):
-        self.interval = interval
-        self.checked_at = float("-inf")
-
-    def before(self) -> None:
-        if self.interval is None:
-            self.interval = dispatch_settings().WORKER_DB_CHECK_INTERVAL
-        now = time.monotonic()
-        if connection.errors_occurred or now - self.checked_at >= self.interval:
-            close_old_connections()
-        self.checked_at = now
-
-    def after(self) -> None:
-        if connection.errors_occurred:
-            close_old_connections()  # drops the connection if it is no longer usable
-        self.checked_at = time.monotonic()
 
 
 _check = _ConnectionCheck()

@@ -16,9 +16,17 @@ def redis_conn():
     from dispatch_app.dispatch.publisher import redis_connection
 
     conn = redis_connection(settings.REDIS_URL)
+    pool = conn.connection_pool
+    kwargs = dict(pool.connection_kwargs)
     conn.flushdb()
     yield conn
     conn.flushdb()
+    if pool.connection_kwargs != kwargs:
+        # RQ's Worker raises its connection's socket_timeout to its dequeue timeout (415 s), and this pool is the
+        # process's shared one: a SimpleWorker run in a test would leave every later test's sends unbounded.
+        pool.connection_kwargs.clear()
+        pool.connection_kwargs.update(kwargs)
+        pool.disconnect()
 
 
 @pytest.fixture

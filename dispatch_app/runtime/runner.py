@@ -15,6 +15,8 @@ from typing import Protocol
 
 from django.db import close_old_connections, connections
 
+from dispatch_app.dbcheck import ConnectionCheck
+
 log = logging.getLogger("dispatch_app.runtime")
 
 
@@ -36,6 +38,7 @@ class LoopRunner:
         max_backoff: float = 30.0,
         on_success: Callable[[str, object], None] | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
+        db_check: ConnectionCheck | None = None,
     ):
         self.loop = loop
         self.stop = stop
@@ -45,6 +48,9 @@ class LoopRunner:
         self.max_backoff = max_backoff
         self.on_success = on_success
         self.on_error = on_error
+        # None: the connection is health-checked before every step (a SELECT 1 each time); the dispatch
+        # loop's steps are one per drain, so it checks only after an error or an idle spell (dbcheck).
+        self.db_check = db_check
         self.thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)
         self.errors = 0
         self.rounds = 0
@@ -60,7 +66,10 @@ class LoopRunner:
                 if self.stop.is_set():
                     break
                 # A connection killed while we slept is replaced, not reused.
-                close_old_connections()
+                if self.db_check is None:
+                    close_old_connections()
+                else:
+                    self.db_check.before()
                 try:
                     result = self.loop.run_once(trigger)
                 except Exception as exc:

@@ -15,6 +15,7 @@ import time
 from django.db import close_old_connections
 
 from dispatch_app.conf import DispatchSettings
+from dispatch_app.dbcheck import ConnectionCheck
 from dispatch_app.dispatch.listener import Listener
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.runtime.runner import LoopRunner
@@ -52,6 +53,7 @@ class Supervisor:
                     max_backoff=conf.RECONNECT_BACKOFF_MAX,
                     on_success=self._on_success,
                     on_error=self._on_error,
+                    db_check=ConnectionCheck(conf.WORKER_DB_CHECK_INTERVAL),
                 )
             )
         self.listener = Listener(conf, self.wake, self.stop, observer=observer) if listen and dispatch else None

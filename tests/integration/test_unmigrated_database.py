@@ -47,5 +47,5 @@ def test_commands_refuse_before_starting_anything(command):
 def test_rundispatcher_refuses_before_it_starts():
     forget(latest_dispatch_migration())
     with pytest.raises(CommandError, match="unapplied migration"):
-        # The longest lease: its own check passes whatever socket timeout an earlier test left on the shared Redis.
+        # The longest lease: the lease check (before the migration check) passes whatever Redis timeout is set.
         call_command("rundispatcher", "--no-recovery", "--lease", "86400")
