@@ -11,6 +11,8 @@ in fewer, larger transactions:
 - one MULTI/EXEC per job writes the previous job's end *and* this job's start
   (status, worker name, execution, started registry), so the registries move
   from one true state to the next and the start is in Redis before the job runs;
+- an idle worker woken by a job writes that job's start in the take's script call
+  (``fetch.Start``): from "a job arrived" to "started in Redis" is one round trip;
 - the heartbeat runs on its own thread once per interval (``beat.Heartbeat``);
 - a success stores no result payload (PostgreSQL is the record): the job's
   status, end time, finished registry entry and the worker's counters remain.
@@ -40,7 +42,7 @@ from rq.worker_registration import register
 
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.rqworker.beat import Heartbeat
-from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
+from dispatch_app.rqworker.fetch import Fetcher, Start, Suspended, Taken
 from dispatch_app.rqworker.outage import OutageMixin
 
 log = logging.getLogger("dispatch_app.rqworker")
@@ -89,6 +91,7 @@ class PipelineWorker(OutageMixin, SimpleWorker):
         self._beat: Heartbeat | None = None
         self._rescue_at = 0.0
         self._fetcher: Fetcher | None = None
+        self._timeouts: dict[str, int | None] = {}  # queue -> its last job's timeout (``_record_start``)
         super().__init__(queues, *args, **kwargs)
 
     # --- connection and lifecycle -------------------------------------------------
@@ -228,12 +231,18 @@ class PipelineWorker(OutageMixin, SimpleWorker):
             return None
         if not batch:
             self._flush_pending(idle=True)
+            batch = None
             if burst:
                 return None
             popped = self._fetcher.wait(self._idle_wait())
             if popped is None:
                 return None
-            batch = self._fetcher.take(limit, popped=popped)
+            start = self._record_start(popped)
+            try:
+                batch = self._fetcher.take(limit, popped=popped, start=start)
+            finally:
+                if start is not None and not (batch and batch[0].execution is not None):
+                    self._state = start.state  # not written: the next start writes BUSY again
             if not batch:
                 return None
         at = time.monotonic()
@@ -256,6 +265,7 @@ class PipelineWorker(OutageMixin, SimpleWorker):
 
     def _run(self, taken: Taken) -> None:
         job, queue = taken.job, taken.queue
+        self._timeouts[queue.name] = job.timeout
         try:
             job.func_name  # noqa: B018 - deserialises the call; a foreign job fails here, before any start
         except DeserializationError as exc:
@@ -266,12 +276,16 @@ class PipelineWorker(OutageMixin, SimpleWorker):
             self._flush_pending()
             return super().execute_job(job, queue)
 
-        try:
-            execution = self._write_start(job, queue)
-        except (redis.ConnectionError, redis.TimeoutError):
-            # Not started: it goes back to its queue with the rest once Redis answers.
-            self._buffer.insert(0, (taken, time.monotonic()))
-            raise
+        execution = taken.execution
+        if execution is not None:
+            self.executions[execution.id] = execution
+        else:
+            try:
+                execution = self._write_start(job, queue)
+            except (redis.ConnectionError, redis.TimeoutError):
+                # Not started: it goes back to its queue with the rest once Redis answers.
+                self._buffer.insert(0, (taken, time.monotonic()))
+                raise
         started = time.monotonic()
         job.started_at = now()
         try:
@@ -300,18 +314,42 @@ class PipelineWorker(OutageMixin, SimpleWorker):
         prepare_job_execution, minus the per-job heartbeats)."""
         with self.connection.pipeline() as pipe:
             after = self._write_end(pipe)
-            ttl = self.get_heartbeat_ttl(job)
-            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-            self.executions[execution.id] = execution
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            pipe.persist(job.key)
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            if self.get_state() != WorkerStatus.BUSY:
-                self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            execution = self._start_writes(pipe, job, queue)
             self._write_fields(pipe)
             results = pipe.execute()
+        self.executions[execution.id] = execution
         self._after_end(after, results)
         return execution
+
+    def _start_writes(self, pipe, job, queue) -> Execution:
+        ttl = self.get_heartbeat_ttl(job)
+        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        job.prepare_for_execution(self.name, pipeline=pipe)
+        pipe.persist(job.key)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        if self.get_state() != WorkerStatus.BUSY:
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+        return execution
+
+    def _record_start(self, popped) -> Start | None:
+        """The popped job's start, recorded for the take to write (fetch.Start), when nothing else is owed.
+
+        The writes are RQ's own (``_start_writes``) on a stand-in job built from the id, with the timeout
+        this queue's last job had: the take applies them only if the job's hash has that timeout.
+        """
+        if self._pending is not None:
+            return None  # the previous job's end goes first, in the start's transaction (``_write_start``)
+        index, job_id, _ = popped
+        queue = self._fetcher.queues[index]
+        stand_in = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        stand_in.origin = queue.name
+        stand_in.timeout = self._timeouts.get(queue.name, queue._default_timeout)
+        state = self.get_state()
+        with self.connection.pipeline() as pipe:
+            execution = self._start_writes(pipe, stand_in, queue)
+            commands = [args for args, _options in pipe.command_stack]
+        timeout = "" if stand_in.timeout is None else str(stand_in.timeout)
+        return Start(stand_in, execution, timeout, commands, state)
 
     def _flush_pending(self, idle: bool = False) -> None:
         with self.connection.pipeline() as pipe:
@@ -405,11 +443,20 @@ class PipelineWorker(OutageMixin, SimpleWorker):
             )
         self._flush_pending()
         with self.connection.pipeline() as pipe:
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            if taken.execution is None:
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
             self._write_fields(pipe)
-            pipe.execute()
+            if len(pipe):
+                pipe.execute()
         job.ended_at = now()
-        self.handle_job_failure(job, queue, exc_string=f"DeserializationError: {type(cause).__name__}: {cause}")
+        # Started by the take (fetch.Start), as RQ's own worker starts every job before reading it: the
+        # failure also ends that execution.
+        self.handle_job_failure(
+            job,
+            queue,
+            exc_string=f"DeserializationError: {type(cause).__name__}: {cause}",
+            execution=taken.execution,
+        )
         self.failed_job_count += 1
 
     def _rescue_orphans(self) -> None:
