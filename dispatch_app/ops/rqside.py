@@ -40,8 +40,8 @@ from django.db import connection
 from dispatch_app import redis_servers
 from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
+from dispatch_app.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 from dispatch_app.rqworker.fetch import TAKEN_BY
-from dispatch_app.rqworker.worker import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
 log = logging.getLogger("dispatch_app.ops.rqside")
 

@@ -17,7 +17,7 @@ from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
 from rq.utils import parse_composite_key, utcparse
 from rq.worker import Worker
 
-from dispatch_app.rqworker.worker import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
+from dispatch_app.rqworker.evidence import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
 
 # This many failed jobs in a row, and none succeeded since, is "fails every job".
 FAILING_STREAK = 5
