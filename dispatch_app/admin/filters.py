@@ -12,7 +12,7 @@ from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
 from dispatch_app.recovery import decide
-from dispatch_app.recovery.round import ERROR_EVENT, EVENT_KINDS
+from dispatch_app.recovery.actions import ERROR_EVENT, EVENT_KINDS
 
 
 class DomainFilter(admin.SimpleListFilter):

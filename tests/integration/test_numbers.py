@@ -19,7 +19,7 @@ from dispatch_app.models import Job
 from dispatch_app.ops import stats
 from dispatch_app.ops.metrics import DatabaseCollector
 from dispatch_app.ops.wiring import Ops
-from dispatch_app.recovery.round import TOUCH_SQL
+from dispatch_app.recovery.actions import TOUCH_SQL
 from dispatch_app.runtime.supervisor import Supervisor
 from tests.integration.opsdata import attempt_row, envelope, job, percentile_cont, sql
 
