@@ -10,7 +10,9 @@ pipeline per chunk, one round trip: the script is loaded at the head of the
 same pipeline (cheap, idempotent) so a Redis restarted empty never answers
 NOSCRIPT. Each job's reply is its own: created, already there, or an error that
 belongs to that envelope alone; a server-wide refusal (OOM, READONLY, ...) fails
-the whole chunk so the dispatch loop can pause (``dispatch.breaker``).
+the whole chunk so the dispatch loop can pause (``dispatch.breaker``). The job
+hash is RQ's own, built once per domain by RQ's code and filled in per envelope
+(``HashTemplate``).
 
 Each queue lives on the Redis its ``RQ_QUEUES`` entry names (``redis_servers``):
 a chunk holds the envelopes of one server only (the loop groups them), so one

@@ -46,30 +46,28 @@ def catch(worker):
 
 def shape(redis_conn, job_id: str) -> dict:
     """Every key this job's start touched, with the job and execution ids made generic: type, TTL set, fields."""
+
+    def generic(text: bytes | str) -> str:
+        text = text.decode() if isinstance(text, bytes) else text
+        return re.sub(r"[0-9a-f]{32}", "<execution>", text.replace(job_id, "<job>"))
+
     out = {}
     for raw in redis_conn.keys("*"):
         key = raw.decode()
         if key.startswith("rq:worker") and not key.startswith("rq:worker_executions"):
             continue  # the worker's own hash: its state is compared on its own
-        generic = re.sub(r"[0-9a-f]{32}", "<execution>", key.replace(job_id, "<job>"))
         kind = redis_conn.type(raw).decode()
         if kind == "hash":
             content = sorted(f.decode() for f in redis_conn.hkeys(raw))
         elif kind == "zset":
-            content = sorted(
-                re.sub(r"[0-9a-f]{32}", "<execution>", m.decode().replace(job_id, "<job>"))
-                for m in redis_conn.zrange(raw, 0, -1)
-            )
+            content = sorted(generic(m) for m in redis_conn.zrange(raw, 0, -1))
         elif kind == "set":
-            content = sorted(
-                re.sub(r"[0-9a-f]{32}", "<execution>", m.decode().replace(job_id, "<job>"))
-                for m in redis_conn.smembers(raw)
-            )
+            content = sorted(generic(m) for m in redis_conn.smembers(raw))
         elif kind == "list":
             content = [m.decode().replace(job_id, "<job>") for m in redis_conn.lrange(raw, 0, -1)]
         else:
             content = None
-        out[generic] = (kind, redis_conn.ttl(raw) > 0, content)
+        out[generic(key)] = (kind, redis_conn.ttl(raw) > 0, content)
     return out
 
 
