@@ -98,7 +98,7 @@ class HashTemplate:
     a one-job send's client time (0.13 of 0.74 ms on a slow host; docs/benchmarks.md,
     "The send's job hash"), and an idle pipeline's send is on every job's path
     from commit to start. The fields stay exactly what RQ writes for the same
-    call (tests/unit/test_hash_template.py compares them with a Job built per envelope).
+    call (tests/integration/test_hash_template.py compares them with a Job built per envelope).
     """
 
     PER_JOB = ("created_at", "enqueued_at", "data", "description")
