@@ -10,13 +10,17 @@ threads are joined at interpreter exit, so one send hung in a Redis read kept a
 stopped dispatcher alive past its shutdown deadline (until the socket timed out,
 retries included). A daemon send killed at exit is harmless: its envelopes keep
 their lease and come back; the next send finds the RQ job if it was written.
+
+The caller runs the last item of a list itself (it holds a slot like the rest):
+it would only wait for that send anyway, and a one-chunk batch, the usual one
+at moderate rates, then reaches Redis without a hand-over to another thread.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -87,10 +91,12 @@ class BoundedSender:
     def map(self, fn: Callable[[T], R], items: Iterable[T], *, stop: threading.Event | None = None) -> list[Outcome[T]]:
         """Run fn over items, at most K at once; results in item order.
 
-        Items not yet started when ``stop`` is set come back as skipped.
+        Items not yet started when ``stop`` is set come back as skipped. The
+        last item of a Sequence runs on the calling thread.
         """
+        last = len(items) - 1 if isinstance(items, Sequence) else -1
         futures: list[Future | Outcome] = []
-        for item in items:
+        for index, item in enumerate(items):
             if stop is not None and stop.is_set():
                 futures.append(Outcome(item, skipped=True))
                 continue
@@ -102,7 +108,7 @@ class BoundedSender:
             with self._lock:
                 self.in_flight += 1
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            futures.append(self._submit(fn, item))
+            futures.append(self._run(fn, item) if index == last else self._submit(fn, item))
         return [f.result() if isinstance(f, Future) else f for f in futures]
 
     def close(self) -> None:

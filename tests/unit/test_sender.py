@@ -137,3 +137,53 @@ def test_items_not_started_when_stop_is_set_come_back_skipped():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="send concurrency must be >= 1"):
         BoundedSender(0)
+
+
+def test_the_last_item_of_a_list_runs_on_the_calling_thread_and_still_holds_a_slot():
+    k = 2
+    sender = BoundedSender(k, name="test-send")
+    where: dict[int, str] = {}
+
+    def send(item):
+        where[item] = threading.current_thread().name
+        return gate.send(item)
+
+    # One item: no send thread at all.
+    gate = Gate()
+    gate.release.set()
+    assert [o.value for o in sender.map(send, [7])] == [7]
+    assert where[7] == threading.current_thread().name
+    assert sender.threads_started == 0
+
+    # Three items, K = 2: the first two on send threads; the last waits for a slot, then runs here.
+    gate = Gate()
+    results = []
+    thread = threading.Thread(target=lambda: results.extend(sender.map(send, [0, 1, 2])), name="caller")
+    thread.start()
+    try:
+        for _ in range(k):
+            assert gate.arrived.acquire(timeout=10)
+        assert gate.running == k
+        assert sender.in_flight == k
+        assert 2 not in where  # no slot yet: the caller waits like any submitter
+    finally:
+        gate.release.set()
+        thread.join(30)
+    assert [o.value for o in results] == [0, 1, 2]
+    assert where[2] == "caller"
+    assert {where[0], where[1]} <= {"test-send_0", "test-send_1"}
+    assert gate.peak <= k
+    assert sender.in_flight == 0
+    sender.close()
+
+
+def test_a_failing_last_item_is_its_outcome_not_the_callers_exception():
+    sender = BoundedSender(1, name="test-send")
+
+    def send(item):
+        raise ConnectionError(f"send {item} refused")
+
+    outcomes = sender.map(send, [1])
+    assert isinstance(outcomes[0].error, ConnectionError)
+    assert sender.in_flight == 0
+    sender.close()
