@@ -18,11 +18,12 @@ The script applies them only to a job whose hash says what the writes assumed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import redis
 from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
@@ -117,8 +118,9 @@ return moved
 class Start:
     """A popped job's start, recorded: ``timeout`` is what its writes assumed, ``state`` the worker's before."""
 
-    job: Job  # a stand-in built from the id: what the writes set on it is copied to the job read back
     execution: Execution
+    at: datetime  # the job's started_at (and last_heartbeat) the writes set
+    worker_name: str
     timeout: str
     commands: list[tuple]
     state: str
@@ -177,14 +179,9 @@ class Fetcher:
 
     @staticmethod
     def _started(job: Job, start: Start) -> Execution:
-        """What the recorded writes set on the stand-in (RQ's prepare_for_execution), on the job read back."""
-        stand_in = start.job
-        job.worker_name, job.last_heartbeat, job.started_at = (
-            stand_in.worker_name,
-            stand_in.last_heartbeat,
-            stand_in.started_at,
-        )
-        job._status = stand_in._status
+        """What the recorded writes set (RQ's prepare_for_execution), on the job read back."""
+        job.worker_name, job.last_heartbeat, job.started_at = start.worker_name, start.at, start.at
+        job._status = JobStatus.STARTED
         start.execution._job = job
         return start.execution
 
