@@ -51,6 +51,9 @@ class Evidence:
     rq_status: str | None = None  # "missing" after Redis loss; None = not asked
     worker_name: str | None = None
     worker_alive: bool | None = None  # None = no worker named or not asked
+    # A started RQ job on a live worker: seconds from its RQ start to that worker's last heartbeat, both written
+    # by the worker on its own clock (no skew against the database's). None = not known.
+    started_for: float | None = None
     # About the job's vendor_request_id (jobs from before the ledger):
     vendor_status: str | None = None  # succeeded | failed | pending | unknown | error; None = not asked
     vendor_error: str = ""
@@ -114,8 +117,19 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
         if evidence.rq_status in RQ_WAITING:
             return Decision(LEAVE_ALONE, f"RQ job is {evidence.rq_status}: waiting for a worker")
         if evidence.rq_status == "started" and evidence.worker_alive:
-            return Decision(
-                LEAVE_ALONE, f"RQ job started on live worker {evidence.worker_name}; its start is not committed yet"
+            lost = evidence.started_for is not None and evidence.started_for > threshold
+            if not lost:
+                return Decision(
+                    LEAVE_ALONE, f"RQ job started on live worker {evidence.worker_name}; its start is not committed yet"
+                )
+            # The worker runs the start compare-and-set right after it starts the job in Redis; alive this long
+            # since, without it, it lost the job (a reply lost to a dropped connection). Re-dispatching is safe:
+            # the old attempt's start, should it still come, finds the attempt superseded.
+            return _attempt_or_fail(
+                state,
+                policy,
+                f"{status} but its RQ job started on live worker {evidence.worker_name} "
+                f"{evidence.started_for:.0f}s before that worker's last heartbeat and the start never committed",
             )
         # The worker's start compare-and-set never committed: nothing ran, whatever the domain.
         return _attempt_or_fail(state, policy, f"{status} but {_rq_story(evidence)} before the job started")

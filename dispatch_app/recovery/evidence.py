@@ -9,6 +9,8 @@ every vendor call by the provider's timeout (``call_with_timeout``).
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import redis
 from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
@@ -22,23 +24,36 @@ from dispatch_app.recovery.decide import Evidence, JobState
 
 def rq_job_status(job_id: int, attempt: int, connection: redis.Redis) -> tuple[str, str | None]:
     """(status, worker name) of the attempt's RQ job; ("missing", None) when Redis has no such job."""
+    status, worker, _started = rq_job(job_id, attempt, connection)
+    return status, worker
+
+
+def rq_job(job_id: int, attempt: int, connection: redis.Redis) -> tuple[str, str | None, datetime | None]:
+    """(status, worker name, RQ's started_at) of the attempt's RQ job; ("missing", None, None) without one."""
     rq_id = rq_job_id(job_id, attempt)
     if not RQJob.exists(rq_id, connection):
-        return "missing", None
+        return "missing", None, None
     try:
         job = RQJob.fetch(rq_id, connection=connection, serializer=JSONSerializer)
     except NoSuchJobError:  # expired between the two calls
-        return "missing", None
+        return "missing", None, None
     status = job.get_status(refresh=False)
-    return (getattr(status, "value", status) or "missing"), (job.worker_name or None)
+    return (getattr(status, "value", status) or "missing"), (job.worker_name or None), job.started_at
 
 
 def worker_alive(name: str | None, connection: redis.Redis) -> bool | None:
     """A worker's hash lives while it heartbeats (it expires after the worker's TTL) and says when it died."""
+    return worker_seen(name, connection)[0]
+
+
+def worker_seen(name: str | None, connection: redis.Redis) -> tuple[bool | None, datetime | None]:
+    """(alive, its last heartbeat by its own clock) of a worker; (None, None) without a name."""
     if not name:
-        return None
+        return None, None
     worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=connection)
-    return worker is not None and worker.death_date is None
+    if worker is None:
+        return False, None
+    return worker.death_date is None, worker.last_heartbeat
 
 
 def vendor_status(request_id: str, provider) -> tuple[str, str]:
@@ -56,8 +71,12 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         return Evidence()
     if state.status == "submitted" and state.envelope_status == "pending":
         return Evidence()  # in the outbox: the dispatcher's business
-    rq_status, worker = rq_job_status(state.job_id, state.attempt, connection)
-    alive = worker_alive(worker, connection) if rq_status == "started" else None
+    rq_status, worker, rq_started = rq_job(state.job_id, state.attempt, connection)
+    alive, heartbeat, started_for = None, None, None
+    if rq_status == "started":
+        alive, heartbeat = worker_seen(worker, connection)
+        if alive and heartbeat is not None and rq_started is not None:
+            started_for = (heartbeat - rq_started).total_seconds()
     vendor, error, answers = None, "", []
     if (
         state.status == "running"
@@ -74,4 +93,12 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
                     break  # this call decides already (wait, or outcome_unknown): no need to ask about later ones
         if not state.calls_recorded and state.vendor_request_id:
             vendor, error = vendor_status(state.vendor_request_id, provider)
-    return Evidence(rq_status, worker, alive, vendor, error, tuple(answers))
+    return Evidence(
+        rq_status=rq_status,
+        worker_name=worker,
+        worker_alive=alive,
+        started_for=started_for,
+        vendor_status=vendor,
+        vendor_error=error,
+        vendor_answers=tuple(answers),
+    )

@@ -103,6 +103,28 @@ def test_queued_started_on_live_worker_is_left_alone():
     assert "live worker w1" in decision.reason
 
 
+@pytest.mark.parametrize("started_for", [None, 0.0, 59.9, 60.0])
+def test_queued_started_on_live_worker_within_the_stale_threshold_by_its_clock_is_left_alone(started_for):
+    evidence = Evidence(rq_status="started", worker_name="w1", worker_alive=True, started_for=started_for)
+    assert decide(state("queued"), evidence, AGENT, NOW).kind == LEAVE_ALONE
+
+
+@pytest.mark.parametrize("policy", [DELIVERY, AGENT], ids=["retry-safe", "not-retry-safe"])
+def test_queued_started_on_live_worker_longer_than_the_threshold_is_a_lost_start_and_redispatched(policy):
+    # The worker heartbeats on, 61 s (its clock) after it started the job in Redis, and the start never committed.
+    evidence = Evidence(rq_status="started", worker_name="w1", worker_alive=True, started_for=61.0)
+    decision = decide(state("queued", attempt=2), evidence, policy, NOW)
+    assert decision.kind == REDISPATCH
+    assert "started on live worker w1 61s before that worker's last heartbeat" in decision.reason
+    assert "attempt 3 of 3" in decision.reason
+    assert decide(state("queued", attempt=3), evidence, policy, NOW).kind == FAIL
+
+
+def test_running_on_live_worker_is_left_alone_however_long_ago_it_started():
+    evidence = Evidence(rq_status="started", worker_name="w1", worker_alive=True, started_for=10_000.0)
+    assert decide(state("running"), evidence, AGENT, NOW).kind == LEAVE_ALONE
+
+
 @pytest.mark.parametrize(
     "evidence",
     [MISSING, DEAD_WORKER, Evidence(rq_status="failed"), Evidence(rq_status="finished")],

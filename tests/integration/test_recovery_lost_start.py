@@ -1,0 +1,87 @@
+"""A start lost between Redis and the worker: RQ says "started on a live worker", PostgreSQL never saw the start.
+
+The take script applied the job's start in Redis but its reply never reached the worker (a dropped connection):
+the worker lives on and never runs the job. Recovery tells that apart from a start about to commit by the
+worker's own clock (its last heartbeat against the RQ start, both written by it), and re-dispatches it.
+Real PostgreSQL, real Redis, a real PipelineWorker's take.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from rq import Queue
+from rq.job import Job as RQJob
+from rq.serializers import JSONSerializer
+from rq.utils import utcformat
+
+from dispatch_app import submit
+from dispatch_app.models import Job, JobEvent
+from dispatch_app.recovery.round import Round
+from dispatch_app.rqworker import PipelineWorker
+from dispatch_app.rqworker.fetch import Fetcher
+from tests.factories import PAYLOADS
+from tests.integration import provider_kit
+from tests.integration.recovery_helpers import age_jobs, dispatch_now, policy, run_workers, statuses
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def provider(tmp_path):
+    yield from provider_kit.installed(tmp_path)
+
+
+def lose_the_start(redis_conn, rq_id: str) -> tuple[PipelineWorker, RQJob]:
+    """An idle worker catches the job and its take writes the start; the reply is 'lost': nothing runs it."""
+    queue = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
+    worker = PipelineWorker([queue], connection=redis_conn, name="lost-reply")
+    worker.register_birth()
+    worker._fetcher = Fetcher(
+        worker.connection, worker._ordered_queues, worker.job_class, worker.serializer, worker.name
+    )
+    # As after a first job of this queue: the worker knows its timeout, so the take writes the start.
+    worker._timeouts["delivery"] = RQJob.fetch(rq_id, connection=redis_conn, serializer=JSONSerializer).timeout
+    popped = worker._fetcher.wait(1)
+    assert popped is not None
+    [taken] = worker._fetcher.take(1, popped=popped, start=worker._record_start(popped))
+    assert taken.execution is not None  # started in Redis
+    return worker, RQJob.fetch(taken.job.id, connection=redis_conn, serializer=JSONSerializer)
+
+
+def heartbeat_at(worker, redis_conn, when) -> None:
+    """What the worker's heartbeat thread writes, on the worker's clock."""
+    redis_conn.hset(worker.key, "last_heartbeat", utcformat(when))
+
+
+def test_a_start_lost_on_a_live_worker_is_redispatched_once_the_worker_has_lived_past_the_threshold(
+    redis_conn, provider
+):
+    job = submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()
+    worker, rq_job = lose_the_start(redis_conn, f"pf-{job.pk}-1")
+    assert rq_job.get_status() == "started" and rq_job.worker_name == "lost-reply"
+    age_jobs([job.pk], 600)  # queued in PostgreSQL for 10 minutes: a candidate
+    delivery = policy("delivery", QUEUED_STALE_SECONDS=60)
+
+    # 30 s of the worker's life after the RQ start: a start about to commit looks the same. Left alone.
+    heartbeat_at(worker, redis_conn, rq_job.started_at + timedelta(seconds=30))
+    result = Round(delivery, redis=redis_conn, provider=provider).run_once()
+    assert (result.left_alone, result.redispatched) == (1, 0)
+    assert statuses([job]) == {job.pk: ("queued", 1)}
+
+    # 120 s: the worker would have committed the start long ago. Lost: the next attempt.
+    age_jobs([job.pk], 600)
+    heartbeat_at(worker, redis_conn, rq_job.started_at + timedelta(seconds=120))
+    result = Round(delivery, redis=redis_conn, provider=provider).run_once()
+    assert result.redispatched == 1
+    assert statuses([job]) == {job.pk: ("submitted", 2)}
+    event = JobEvent.objects.filter(job=job, kind="recovery_redispatch").get()
+    assert "started on live worker lost-reply 120s before that worker's last heartbeat" in event.reason
+
+    dispatch_now()
+    run_workers(redis_conn)
+    assert statuses([job]) == {job.pk: ("succeeded", 2)}
+    assert Job.objects.get(pk=job.pk).attempt == 2
+    worker.register_death()
