@@ -54,6 +54,9 @@ class Evidence:
     # A started RQ job on a live worker: seconds from its RQ start to that worker's last heartbeat, both written
     # by the worker on its own clock (no skew against the database's). None = not known.
     started_for: float | None = None
+    # An RQ job that says "queued": whether its id is in its queue or its queue's intermediate list (taken by a
+    # worker). False: popped by a worker that died or lost the connection before it took the job. None = not asked.
+    rq_listed: bool | None = None
     # About the job's vendor_request_id (jobs from before the ledger):
     vendor_status: str | None = None  # succeeded | failed | pending | unknown | error; None = not asked
     vendor_error: str = ""
@@ -90,6 +93,11 @@ def _rq_story(evidence: Evidence) -> str:
     if evidence.rq_status == "started":
         worker = evidence.worker_name or "an unnamed worker"
         return f"its RQ job started on {worker}, which is gone"
+    if evidence.rq_listed is False:
+        return (
+            f"its RQ job is {evidence.rq_status} but in neither its queue nor a worker's hands "
+            "(popped by a worker that died or lost its connection before taking it)"
+        )
     return f"its RQ job is {evidence.rq_status}"
 
 
@@ -114,7 +122,7 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
         return Decision(FAIL, f"the dispatcher gave up on attempt {state.attempt} (envelope dead)")
 
     if status in ("submitted", "queued"):
-        if evidence.rq_status in RQ_WAITING:
+        if evidence.rq_status in RQ_WAITING and evidence.rq_listed is not False:
             return Decision(LEAVE_ALONE, f"RQ job is {evidence.rq_status}: waiting for a worker")
         if evidence.rq_status == "started" and evidence.worker_alive:
             lost = evidence.started_for is not None and evidence.started_for > threshold

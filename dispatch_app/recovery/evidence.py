@@ -9,11 +9,14 @@ every vendor call by the provider's timeout (``call_with_timeout``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import redis
 from rq.exceptions import NoSuchJobError
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job as RQJob
+from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
@@ -22,23 +25,45 @@ from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import Evidence, JobState
 
 
+@dataclass(frozen=True)
+class RQSeen:
+    """An attempt's RQ job as Redis has it."""
+
+    status: str  # "missing" when Redis has no such job
+    worker: str | None = None
+    started_at: datetime | None = None
+    # For a "queued" job only: its id is in its queue or in the queue's intermediate list (a worker took it).
+    # Neither: a worker popped it (BLPOP) and died or lost its connection before its take; nothing will run it.
+    listed: bool | None = None
+
+
 def rq_job_status(job_id: int, attempt: int, connection: redis.Redis) -> tuple[str, str | None]:
     """(status, worker name) of the attempt's RQ job; ("missing", None) when Redis has no such job."""
-    status, worker, _started = rq_job(job_id, attempt, connection)
-    return status, worker
+    seen = rq_job(job_id, attempt, connection)
+    return seen.status, seen.worker
 
 
-def rq_job(job_id: int, attempt: int, connection: redis.Redis) -> tuple[str, str | None, datetime | None]:
-    """(status, worker name, RQ's started_at) of the attempt's RQ job; ("missing", None, None) without one."""
+def rq_job(job_id: int, attempt: int, connection: redis.Redis) -> RQSeen:
     rq_id = rq_job_id(job_id, attempt)
     if not RQJob.exists(rq_id, connection):
-        return "missing", None, None
+        return RQSeen("missing")
     try:
         job = RQJob.fetch(rq_id, connection=connection, serializer=JSONSerializer)
     except NoSuchJobError:  # expired between the two calls
-        return "missing", None, None
+        return RQSeen("missing")
     status = job.get_status(refresh=False)
-    return (getattr(status, "value", status) or "missing"), (job.worker_name or None), job.started_at
+    status = getattr(status, "value", status) or "missing"
+    listed = None
+    if status == "queued" and job.origin:
+        # Both lists in one transaction: a BLMOVE between them is seen on one side. A worker's BLPOP is followed
+        # by its take (which lists the id again) within a round trip; a candidate caught in that gap is sent
+        # again as the next attempt, and the old attempt's start then finds it superseded.
+        queue_key = Queue.redis_queue_namespace_prefix + job.origin
+        with connection.pipeline(transaction=True) as pipe:
+            pipe.lpos(queue_key, rq_id)
+            pipe.lpos(IntermediateQueue.get_intermediate_queue_key(queue_key), rq_id)
+            listed = any(position is not None for position in pipe.execute())
+    return RQSeen(status, job.worker_name or None, job.started_at, listed)
 
 
 def worker_alive(name: str | None, connection: redis.Redis) -> bool | None:
@@ -71,7 +96,8 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         return Evidence()
     if state.status == "submitted" and state.envelope_status == "pending":
         return Evidence()  # in the outbox: the dispatcher's business
-    rq_status, worker, rq_started = rq_job(state.job_id, state.attempt, connection)
+    seen = rq_job(state.job_id, state.attempt, connection)
+    rq_status, worker, rq_started = seen.status, seen.worker, seen.started_at
     alive, heartbeat, started_for = None, None, None
     if rq_status == "started":
         alive, heartbeat = worker_seen(worker, connection)
@@ -98,6 +124,7 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         worker_name=worker,
         worker_alive=alive,
         started_for=started_for,
+        rq_listed=seen.listed,
         vendor_status=vendor,
         vendor_error=error,
         vendor_answers=tuple(answers),

@@ -85,3 +85,29 @@ def test_a_start_lost_on_a_live_worker_is_redispatched_once_the_worker_has_lived
     assert statuses([job]) == {job.pk: ("succeeded", 2)}
     assert Job.objects.get(pk=job.pk).attempt == 2
     worker.register_death()
+
+
+def test_a_job_popped_by_a_worker_that_never_took_it_is_redispatched_and_a_listed_one_left_alone(redis_conn, provider):
+    popped_job = submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()
+    # A worker on two queues pops with BLPOP (the id is then only in its memory) and dies before its take.
+    queues = [Queue(name, connection=redis_conn, serializer=JSONSerializer) for name in ("delivery", "workflow")]
+    fetcher = Fetcher(redis_conn, queues, RQJob, JSONSerializer, "died-after-pop")
+    popped = fetcher.wait(1)
+    assert popped is not None and popped[1] == f"pf-{popped_job.pk}-1"
+    waiting_job = submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()  # in its queue: waiting for a worker
+    age_jobs([popped_job.pk, waiting_job.pk], 600)
+
+    result = Round(policy("delivery", QUEUED_STALE_SECONDS=60), redis=redis_conn, provider=provider).run_once()
+
+    assert (result.redispatched, result.left_alone) == (1, 1)
+    assert statuses([popped_job, waiting_job]) == {popped_job.pk: ("submitted", 2), waiting_job.pk: ("queued", 1)}
+    event = JobEvent.objects.filter(job=popped_job, kind="recovery_redispatch").get()
+    assert "queued but in neither its queue nor a worker's hands" in event.reason
+    left = JobEvent.objects.filter(job=waiting_job, kind="recovery_leave_alone").get()
+    assert "waiting for a worker" in left.reason
+
+    dispatch_now()
+    run_workers(redis_conn)
+    assert statuses([popped_job, waiting_job]) == {popped_job.pk: ("succeeded", 2), waiting_job.pk: ("succeeded", 1)}

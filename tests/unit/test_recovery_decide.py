@@ -103,6 +103,19 @@ def test_queued_started_on_live_worker_is_left_alone():
     assert "live worker w1" in decision.reason
 
 
+@pytest.mark.parametrize("listed", [True, None])
+def test_queued_with_rq_job_queued_and_listed_or_not_asked_is_left_alone(listed):
+    assert decide(state("queued"), Evidence(rq_status="queued", rq_listed=listed), AGENT, NOW).kind == LEAVE_ALONE
+
+
+@pytest.mark.parametrize("policy", [DELIVERY, AGENT], ids=["retry-safe", "not-retry-safe"])
+def test_queued_with_rq_job_queued_in_no_list_was_popped_and_lost_and_is_redispatched(policy):
+    decision = decide(state("queued", attempt=2), Evidence(rq_status="queued", rq_listed=False), policy, NOW)
+    assert decision.kind == REDISPATCH
+    assert "in neither its queue nor a worker's hands" in decision.reason
+    assert "attempt 3 of 3" in decision.reason
+
+
 @pytest.mark.parametrize("started_for", [None, 0.0, 59.9, 60.0])
 def test_queued_started_on_live_worker_within_the_stale_threshold_by_its_clock_is_left_alone(started_for):
     evidence = Evidence(rq_status="started", worker_name="w1", worker_alive=True, started_for=started_for)
