@@ -32,6 +32,14 @@ class Gate:
                 self.running -= 1
 
 
+def hold_k(gate: Gate, sender: BoundedSender, k: int) -> None:
+    """Wait until K sends are in the gate, and check the sender counts them."""
+    for _ in range(k):
+        assert gate.arrived.acquire(timeout=10)
+    assert gate.running == k
+    assert sender.in_flight == k
+
+
 def test_capacity_k_holds_the_submitter_and_starts_no_more_than_k_threads():
     k, n = 4, 40
     sender = BoundedSender(k, name="test-send")
@@ -53,11 +61,8 @@ def test_capacity_k_holds_the_submitter_and_starts_no_more_than_k_threads():
     thread = threading.Thread(target=submitter)
     thread.start()
     try:
-        for _ in range(k):
-            assert gate.arrived.acquire(timeout=10)
         # K sends are held: the submitter cannot have handed out more work.
-        assert gate.running == k
-        assert sender.in_flight == k
+        hold_k(gate, sender, k)
         assert not returned.is_set()
         # It took at most the one item it is now waiting to find a slot for.
         assert len(pulled) <= k + 1
@@ -161,10 +166,7 @@ def test_the_last_item_of_a_list_runs_on_the_calling_thread_and_still_holds_a_sl
     thread = threading.Thread(target=lambda: results.extend(sender.map(send, [0, 1, 2])), name="caller")
     thread.start()
     try:
-        for _ in range(k):
-            assert gate.arrived.acquire(timeout=10)
-        assert gate.running == k
-        assert sender.in_flight == k
+        hold_k(gate, sender, k)
         assert 2 not in where  # no slot yet: the caller waits like any submitter
     finally:
         gate.release.set()
