@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
+from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
@@ -114,6 +115,27 @@ return moved
 )
 
 
+# After a take whose reply never came (a dropped connection): what became of the job the blocking wait popped.
+# KEYS: [1] its hash, [2] its queue, [3] the intermediate list. ARGV: [1] the job id, [2] this worker's name,
+# [3] the execution key its recorded start would have created ('' without one).
+# 'started': the take wrote the start (the job is this worker's to run); 'requeued': it went back to the head
+# of its queue (the take never ran, or took it without the start); 'listed', 'gone', 'other': nothing to do.
+SETTLE_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'started' then
+  if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'worker_name') == ARGV[2]
+     and redis.call('EXISTS', ARGV[3]) == 1 then return 'started' end
+  return 'other'
+end
+if status ~= 'queued' then return 'other' end
+if redis.call('LPOS', KEYS[2], ARGV[1]) then return 'listed' end
+redis.call('LREM', KEYS[3], 1, ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[1])
+return 'requeued'
+"""
+
+
 @dataclass
 class Start:
     """A popped job's start, recorded: ``timeout`` is what its writes assumed, ``state`` the worker's before."""
@@ -149,6 +171,7 @@ class Fetcher:
             self.keys += [queue.key, IntermediateQueue.get_intermediate_queue_key(queue.key)]
         self._script = connection.register_script(TAKE_SCRIPT)
         self._rescue = connection.register_script(RESCUE_SCRIPT)
+        self._settle = connection.register_script(SETTLE_SCRIPT)
 
     def take(self, limit: int, popped: tuple[int, str, bool] | None = None, start: Start | None = None) -> list[Taken]:
         """Up to ``limit`` ready jobs, in RQ's queue priority order; raises Suspended.
@@ -203,6 +226,22 @@ class Fetcher:
             return None
         key, job_id = reply[0].decode(), reply[1].decode()
         return next(i for i, q in enumerate(self.queues) if q.key == key), job_id, True
+
+    def settle(self, popped: tuple[int, str, bool], start: Start | None) -> tuple[str, Taken | None]:
+        """What became of a popped job whose take's reply was lost; with the job to run if its start was written."""
+        index, job_id, _ = popped
+        queue = self.queues[index]
+        keys = [Job.redis_job_namespace_prefix + job_id, queue.key, queue.intermediate_queue_key]
+        execution_key = start.execution.key if start is not None else ""
+        verdict = self._settle(keys=keys, args=[job_id, self.name, execution_key]).decode()
+        if verdict != "started":
+            return verdict, None
+        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        try:
+            job.refresh()
+        except NoSuchJobError:  # gone since (expired, deleted): nothing to run
+            return "gone", None
+        return verdict, Taken(job, queue, self._started(job, start))
 
     def rescue(self) -> int:
         """Jobs taken by dead workers and never started go back to the head of their queues."""

@@ -9,6 +9,7 @@ that finished during the outage, and give back the jobs that were taken.
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from rq.exceptions import StopRequested
@@ -17,7 +18,7 @@ log = logging.getLogger("dispatch_app.rqworker")
 
 
 class OutageMixin:
-    """Needs the PipelineWorker attributes it uses: _stopping, _stop_requested, _buffer, _beat, _fetcher."""
+    """Needs the PipelineWorker attributes it uses: _stopping, _stop_requested, _buffer, _beat, _fetcher, _in_doubt."""
 
     def _retrying(self, action, what: str) -> None:
         """Run ``action`` until Redis answers (start-up during an outage), backing off."""
@@ -62,6 +63,7 @@ class OutageMixin:
                     self.reregister(self._beat.ttl if self._beat else 60)
                 self._flush_pending_after_outage()
                 self._fetcher.give_back([t for t in taken if self.connection.exists(t.job.key)])
+                self._settle_in_doubt()
             except (redis.ConnectionError, redis.TimeoutError):
                 delay = min(delay * 2, self.reconnect_backoff_max)
                 continue
@@ -71,6 +73,24 @@ class OutageMixin:
                 extra={"action": "worker_redis_restored", "domain": "worker"},
             )
             return
+
+    def _settle_in_doubt(self) -> None:
+        """The job popped before the outage, whose take's reply never came: run it if its start was written
+        (it is this worker's: nobody else will), else it went back to the head of its queue."""
+        if self._in_doubt is None:
+            return
+        popped, start = self._in_doubt
+        verdict, taken = self._fetcher.settle(popped, start)
+        self._in_doubt = None
+        if taken is not None:
+            self._buffer.insert(0, (taken, time.monotonic()))
+        log.warning(
+            "worker %s: the take of job %s lost its reply; the job %s",
+            self.name,
+            popped[1],
+            {"started": "was started: running it", "requeued": "went back to its queue"}.get(verdict, verdict),
+            extra={"action": "worker_take_settled", "domain": "worker", "verdict": verdict},
+        )
 
     def _flush_pending_after_outage(self) -> None:
         if self._pending is not None and not self.connection.exists(self._pending[0].key):

@@ -92,6 +92,7 @@ class PipelineWorker(EvidenceMixin, OutageMixin, SimpleWorker):
         self._fetcher: Fetcher | None = None
         self._timeouts: dict[str, int | None] = {}  # queue -> its last job's timeout (``_record_start``)
         self._start_templates: dict[tuple, StartTemplate | None] = {}
+        self._in_doubt: tuple | None = None  # (popped, start) of a take whose reply was lost
         super().__init__(queues, *args, **kwargs)
 
     # --- connection and lifecycle -------------------------------------------------
@@ -240,6 +241,10 @@ class PipelineWorker(EvidenceMixin, OutageMixin, SimpleWorker):
             start = self._record_start(popped)
             try:
                 batch = self._fetcher.take(limit, popped=popped, start=start)
+            except (redis.ConnectionError, redis.TimeoutError):
+                # The script may have run, its reply lost: settled once Redis answers (``_redis_down``).
+                self._in_doubt = (popped, start)
+                raise
             finally:
                 if start is not None and not (batch and batch[0].execution is not None):
                     self._state = start.state  # not written: the next start writes BUSY again

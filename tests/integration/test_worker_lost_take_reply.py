@@ -1,0 +1,110 @@
+"""A take whose reply is lost (the connection drops after Redis ran the script): the worker settles it.
+
+Real Redis and a real PipelineWorker. The take script runs (or not) and the client then sees a
+ConnectionError; once Redis answers, ``_redis_down`` settles the popped job: its start was written, so the
+worker runs it; or it never got it, so it goes back to the head of its queue. Nothing is left "started" on a
+live worker that will never run it, and nothing is left "queued" in no list.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from dispatch_app.rqworker import PipelineWorker
+from dispatch_app.rqworker.fetch import Fetcher
+
+
+def make_worker(redis_conn, names=("delivery",)):
+    queues = [Queue(n, connection=redis_conn, serializer=JSONSerializer, default_timeout=600) for n in names]
+    worker = PipelineWorker(queues, connection=redis_conn, name="lost-take")
+    worker.register_birth()
+    worker._fetcher = Fetcher(
+        worker.connection, worker._ordered_queues, worker.job_class, worker.serializer, worker.name
+    )
+    return worker, queues
+
+
+def lose_the_reply(worker, monkeypatch, *, runs: bool) -> None:
+    """The take of a popped job: its script runs in Redis (``runs``) or not; either way the connection drops."""
+    script = worker._fetcher._script
+
+    def dropped(keys, args):
+        if len(args) <= 3:  # a take without a popped job (before the wait): as it is
+            return script(keys=keys, args=args)
+        if runs:
+            script(keys=keys, args=args)
+        raise redis.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(worker._fetcher, "_script", dropped)
+
+
+def arrive_during_the_wait(worker, monkeypatch, queue, job_id, **options) -> None:
+    wait = worker._fetcher.wait
+
+    def wait_and_arrive(timeout):
+        queue.enqueue("builtins.len", "abc", job_id=job_id, **options)
+        return wait(timeout)
+
+    monkeypatch.setattr(worker._fetcher, "wait", wait_and_arrive)
+
+
+def test_a_start_written_before_the_reply_was_lost_is_run_by_the_worker(redis_conn, monkeypatch):
+    worker, [queue] = make_worker(redis_conn)
+    worker._timeouts["delivery"] = 600  # the take writes the start
+    arrive_during_the_wait(worker, monkeypatch, queue, "lost-started", job_timeout=600)
+    lose_the_reply(worker, monkeypatch, runs=True)
+
+    with pytest.raises(redis.ConnectionError):
+        worker._next(1, False)
+    assert Job.fetch("lost-started", connection=redis_conn, serializer=JSONSerializer).get_status() == "started"
+    monkeypatch.undo()
+    worker._redis_down(redis.ConnectionError("Connection closed by server."))
+
+    [(taken, _)] = worker._buffer
+    assert taken.job.id == "lost-started" and taken.execution is not None
+    assert redis_conn.exists(taken.execution.key)
+    assert worker._next(1, False) is taken  # next in line: run, with the execution its take wrote
+    worker._run(taken)
+    worker._flush_pending()
+    job = Job.fetch("lost-started", connection=redis_conn, serializer=JSONSerializer)
+    assert job.get_status() == JobStatus.FINISHED
+    assert StartedJobRegistry("delivery", connection=redis_conn).get_job_ids() == []
+    assert redis_conn.keys("rq:execution:*") == []
+
+
+@pytest.mark.parametrize(
+    ("queues", "runs", "options"),
+    [
+        (("delivery",), True, {"job_timeout": 30}),  # taken without the start (another timeout): intermediate list
+        (("delivery",), False, {}),  # the script never ran: the BLMOVE left it in the intermediate list
+        (("delivery", "workflow"), False, {}),  # BLPOP: the id was only in the worker's memory
+        (("delivery", "workflow"), True, {"job_timeout": 30}),
+    ],
+    ids=["taken-not-started", "blmove-only", "blpop-only", "blpop-taken-not-started"],
+)
+def test_a_job_the_worker_never_got_goes_back_to_the_head_of_its_queue(redis_conn, monkeypatch, queues, runs, options):
+    worker, qs = make_worker(redis_conn, queues)
+    queue = qs[0]
+    worker._timeouts["delivery"] = 600
+    queue.enqueue("builtins.len", "abc", job_id="behind")
+    redis_conn.delete(queue.key)  # only the caught job in the list at the wait
+    arrive_during_the_wait(worker, monkeypatch, queue, "lost-taken", **options)
+    lose_the_reply(worker, monkeypatch, runs=runs)
+
+    with pytest.raises(redis.ConnectionError):
+        worker._next(1, False)
+    redis_conn.rpush(queue.key, "behind")
+    monkeypatch.undo()
+    worker._redis_down(redis.ConnectionError("Connection closed by server."))
+
+    assert worker._buffer == []
+    assert redis_conn.lrange(queue.key, 0, -1) == [b"lost-taken", b"behind"]
+    assert redis_conn.lrange(queue.intermediate_queue_key, 0, -1) == []
+    job = Job.fetch("lost-taken", connection=redis_conn, serializer=JSONSerializer)
+    assert job.get_status() == JobStatus.QUEUED
+    assert StartedJobRegistry("delivery", connection=redis_conn).get_job_ids() == []
