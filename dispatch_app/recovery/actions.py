@@ -130,7 +130,13 @@ class Actions:
     def _redispatch_all(self, steps: list[Planned], result: RoundResult) -> None:
         """The batch's re-dispatches in two statements (jobs and envelopes, then their events)."""
         jobs = [
-            (step.state.job_id, step.state.attempt, step.state.status, step.decision.reason, {"round": result.round_id})
+            (
+                step.state.job_id,
+                step.state.attempt,
+                step.state.status,
+                step.decision.reason,
+                {"evidence": step.seen.as_dict(), "round": result.round_id},
+            )
             for step in steps
         ]
         moved = transitions.redispatch_many(self.domain, jobs, kind=EVENT_KINDS[decisions.REDISPATCH])

@@ -79,6 +79,9 @@ def test_a_start_lost_on_a_live_worker_is_redispatched_once_the_worker_has_lived
     assert statuses([job]) == {job.pk: ("submitted", 2)}
     event = JobEvent.objects.filter(job=job, kind="recovery_redispatch").get()
     assert "started on live worker lost-reply 120s before that worker's last heartbeat" in event.reason
+    # What recovery saw is kept with the event, for the job's timeline.
+    assert event.data["evidence"]["started_for"] == pytest.approx(120.0)
+    assert event.data["evidence"]["worker_name"] == "lost-reply" and event.data["next_attempt"] == 2
 
     dispatch_now()
     run_workers(redis_conn)
@@ -105,6 +108,7 @@ def test_a_job_popped_by_a_worker_that_never_took_it_is_redispatched_and_a_liste
     assert statuses([popped_job, waiting_job]) == {popped_job.pk: ("submitted", 2), waiting_job.pk: ("queued", 1)}
     event = JobEvent.objects.filter(job=popped_job, kind="recovery_redispatch").get()
     assert "queued but in neither its queue nor a worker's hands" in event.reason
+    assert event.data["evidence"] == {"rq_status": "queued", "rq_listed": False}
     left = JobEvent.objects.filter(job=waiting_job, kind="recovery_leave_alone").get()
     assert "waiting for a worker" in left.reason
 
