@@ -148,6 +148,14 @@ class Start:
     state: str
 
 
+def mark_started(job: Job, worker_name: str, at: datetime, execution: Execution) -> Execution:
+    """What a start's writes set on the job in Redis (RQ's prepare_for_execution), on the job in hand."""
+    job.worker_name, job.last_heartbeat, job.started_at = worker_name, at, at
+    job._status = JobStatus.STARTED
+    execution._job = job
+    return execution
+
+
 @dataclass
 class Taken:
     job: Job
@@ -202,11 +210,7 @@ class Fetcher:
 
     @staticmethod
     def _started(job: Job, start: Start) -> Execution:
-        """What the recorded writes set (RQ's prepare_for_execution), on the job read back."""
-        job.worker_name, job.last_heartbeat, job.started_at = start.worker_name, start.at, start.at
-        job._status = JobStatus.STARTED
-        start.execution._job = job
-        return start.execution
+        return mark_started(job, start.worker_name, start.at, start.execution)
 
     def wait(self, timeout: float) -> tuple[int, str, bool] | None:
         """Block until a job is ready on any queue; (queue index, job id, needs moving) or None.

@@ -44,9 +44,10 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.rqworker import fast_paths
 from dispatch_app.rqworker.beat import Heartbeat
 from dispatch_app.rqworker.evidence import EvidenceMixin
-from dispatch_app.rqworker.fetch import Fetcher, Start, Suspended, Taken
+from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
 from dispatch_app.rqworker.outage import OutageMixin
 from dispatch_app.rqworker.start_template import StartTemplate
+from dispatch_app.rqworker.starts import StartsMixin
 
 log = logging.getLogger("dispatch_app.rqworker")
 
@@ -62,13 +63,11 @@ JOB_SECONDS_WEIGHT = 0.2
 # fails jobs left in the intermediate list for over a minute.
 HOLD_SECONDS = 20.0
 IDLE_WAIT_SECONDS = 1.0
-# Start-write templates kept per worker ((queue, timeout, busy) each; start_template).
-MAX_START_TEMPLATES = 64
 # How often a worker looks for jobs a dead worker took and never started (one script call).
 RESCUE_SECONDS = 30.0
 
 
-class PipelineWorker(EvidenceMixin, OutageMixin, SimpleWorker):
+class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
     def __init__(self, queues, *args, prefetch: int | None = None, heartbeat_interval: float | None = None, **kwargs):
         # JSON always: a job planted in Redis must not be able to run code (pickle), and our
         # publisher writes JSON; a worker on another serializer would fail every job.
@@ -325,86 +324,6 @@ class PipelineWorker(EvidenceMixin, OutageMixin, SimpleWorker):
         self.executions[execution.id] = execution
         self._after_end(after, results)
         return execution
-
-    def _start_writes(self, pipe, job, queue) -> Execution:
-        """This job's start into ``pipe``: from the (queue, timeout, state) template, else RQ's own code."""
-        template = self._start_template(queue, job.timeout)
-        if template is None:
-            return self._rq_start_writes(pipe, job, queue)
-        rendered = template.render(job.id, self.connection)
-        for args, options in zip(rendered.commands, template.options, strict=True):
-            pipe.execute_command(*args, **options)
-        job.worker_name, job.last_heartbeat, job.started_at = self.name, rendered.at, rendered.at
-        job._status = JobStatus.STARTED
-        rendered.execution._job = job
-        self._state = WorkerStatus.BUSY
-        return rendered.execution
-
-    def _rq_start_writes(self, pipe, job, queue) -> Execution:
-        """RQ's prepare_execution + prepare_job_execution, minus the per-job heartbeats."""
-        ttl = self.get_heartbeat_ttl(job)
-        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-        job.prepare_for_execution(self.name, pipeline=pipe)
-        pipe.persist(job.key)
-        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-        if self.get_state() != WorkerStatus.BUSY:
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-        return execution
-
-    def _start_template(self, queue, timeout) -> StartTemplate | None:
-        """RQ's start writes for this queue, timeout and worker state, recorded once (start_template)."""
-        key = (queue.name, timeout, self.get_state() == WorkerStatus.BUSY)
-        if key in self._start_templates:
-            return self._start_templates[key]
-        if len(self._start_templates) >= MAX_START_TEMPLATES:
-            return None  # jobs with ever new timeouts: each start by RQ's code, the memory bounded
-        state = self._state
-
-        def record(job_id: str):
-            stand_in = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-            stand_in.origin, stand_in.timeout = queue.name, timeout
-            try:
-                with self.connection.pipeline() as pipe:
-                    execution = self._rq_start_writes(pipe, stand_in, queue)
-                    return list(pipe.command_stack), execution.id
-            finally:
-                self._state = state
-
-        template = self._start_templates[key] = StartTemplate.build(record, self.name)
-        if template is None:
-            log.warning(
-                "worker %s: RQ's start writes for queue %s vary beyond the job id, execution id and clock; "
-                "each start is recorded by RQ's code",
-                self.name,
-                queue.name,
-                extra={"action": "worker_start_template_refused", "domain": "worker"},
-            )
-        return template
-
-    def _record_start(self, popped) -> Start | None:
-        """The popped job's start, for the take to write (fetch.Start), when nothing else is owed.
-
-        The writes are this queue's (``_start_template``), with the timeout this queue's last job had:
-        the take applies them only if the job's hash has that timeout.
-        """
-        if self._pending is not None:
-            return None  # the previous job's end goes first, in the start's transaction (``_write_start``)
-        index, job_id, _ = popped
-        queue = self._fetcher.queues[index]
-        timeout = self._timeouts.get(queue.name, queue._default_timeout)
-        assumed = "" if timeout is None else str(timeout)
-        state = self.get_state()
-        template = self._start_template(queue, timeout)
-        if template is not None:
-            rendered = template.render(job_id, self.connection)
-            self._state = WorkerStatus.BUSY
-            return Start(rendered.execution, rendered.at, self.name, assumed, rendered.commands, state)
-        stand_in = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-        stand_in.origin, stand_in.timeout = queue.name, timeout
-        with self.connection.pipeline() as pipe:
-            execution = self._rq_start_writes(pipe, stand_in, queue)
-            commands = [args for args, _options in pipe.command_stack]
-        return Start(execution, stand_in.started_at, self.name, assumed, commands, state)
 
     def _flush_pending(self, idle: bool = False) -> None:
         with self.connection.pipeline() as pipe:

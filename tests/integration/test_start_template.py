@@ -177,7 +177,7 @@ def test_a_refused_template_leaves_each_start_to_rqs_code(worker, redis_conn, mo
 
 
 def test_templates_are_bounded_and_past_the_bound_rqs_code_starts_the_job(worker, redis_conn):
-    from dispatch_app.rqworker.worker import MAX_START_TEMPLATES
+    from dispatch_app.rqworker.starts import MAX_START_TEMPLATES
 
     for timeout in range(MAX_START_TEMPLATES):
         worker._start_templates[(QUEUE, 10_000 + timeout, False)] = None
