@@ -209,6 +209,7 @@ class Publisher:
 
     def send(self, chunk: list[Claimed]) -> SendResult:
         failpoints.hit("hold_send")  # a send outliving its lease (fault suite, scenario 33)
+        failpoints.hit("note_send")  # a send has begun (fault suite, scenario 9)
         pipe = self.queue(chunk[0].queue).connection.pipeline(transaction=False)
         pipe.execute_command("SCRIPT LOAD", CREATE_IF_ABSENT)
         setup = [0]  # reply positions of the chunk-wide commands

@@ -1,34 +1,29 @@
-"""Failpoints: inert unless named in PRODUCTFLOW_FAILPOINTS; kill_* really kills the process."""
+"""The note failpoint: a child process tells a test that a step has begun."""
 
-import signal
-import subprocess
+import os
+import threading
 
 import pytest
 
 from dispatch_app import failpoints
-from tests.helpers import PYTHON, ROOT
 
 
-def test_an_inactive_failpoint_does_nothing():
-    assert "never_set" not in failpoints.ACTIVE
-    failpoints.hit("never_set")
+def test_a_note_appends_one_line_per_hit_with_the_pid_across_threads(monkeypatch, tmp_path):
+    notes = tmp_path / "notes"
+    monkeypatch.setattr(failpoints, "ACTIVE", frozenset({"note_step"}))
+    monkeypatch.setenv("PRODUCTFLOW_FAILPOINT_NOTES", str(notes))
+    threads = [threading.Thread(target=lambda: [failpoints.hit("note_step") for _ in range(50)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    failpoints.hit("note_other")  # not switched on: no line
+
+    assert notes.read_text().splitlines() == [f"note_step {os.getpid()}"] * 200
 
 
-def test_an_active_failpoint_raises(monkeypatch):
-    monkeypatch.setattr(failpoints, "ACTIVE", frozenset({"boom"}))
-    with pytest.raises(RuntimeError, match="failpoint boom"):
-        failpoints.hit("boom")
-
-
-def test_a_kill_failpoint_sigkills_the_process_named_in_the_environment():
-    code = "from dispatch_app import failpoints; failpoints.hit('kill_here'); print('survived')"
-    done = subprocess.run(
-        [PYTHON, "-c", code],
-        cwd=ROOT,
-        env={"PRODUCTFLOW_FAILPOINTS": "other,kill_here", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    assert "survived" not in done.stdout
+def test_a_note_without_a_file_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(failpoints, "ACTIVE", frozenset({"note_step"}))
+    monkeypatch.delenv("PRODUCTFLOW_FAILPOINT_NOTES", raising=False)
+    with pytest.raises(RuntimeError, match="note_step: PRODUCTFLOW_FAILPOINT_NOTES"):
+        failpoints.hit("note_step")

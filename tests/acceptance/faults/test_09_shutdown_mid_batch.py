@@ -3,7 +3,8 @@
 A batch of 500 is claimed and its first two chunks (SEND_CONCURRENCY=2, 50 per
 chunk) are stuck in Redis when SIGTERM arrives:
 
-- no new claim starts; the chunks in flight finish when Redis answers and are
+- no new claim starts (the signal waits until both sends have begun: the
+  ``note_send`` failpoint says so, and Redis is seen still held); the chunks in flight finish when Redis answers and are
   marked; the chunks not started are released (claimable at once, the attempt
   not counted); the process exits 0 within its deadline;
 - a second signal exits at once (exit 1), leases and all;
@@ -39,13 +40,24 @@ def leased(stack) -> int:
     return stack.scalar("SELECT count(*) FROM dispatch_app_dispatchenvelope WHERE lease_token IS NOT NULL")
 
 
+def sends_begun(notes, pid: int) -> int:
+    if not notes.exists():
+        return 0
+    return notes.read_text().splitlines().count(f"note_send {pid}")
+
+
 def dispatcher_args():
     return ("--batch-size", str(BATCH), "--concurrency", str(CONCURRENCY), "--shutdown-deadline", str(DEADLINE))
 
 
 def test_sigterm_mid_batch_finishes_or_releases_and_a_second_signal_exits_at_once(private_redis_stack, private_redis):
     stack = private_redis_stack
-    env = {"DISPATCH_SEND_CHUNK_SIZE": CHUNK}
+    notes = stack.tmp / "failpoint.notes"
+    env = {
+        "DISPATCH_SEND_CHUNK_SIZE": CHUNK,
+        "PRODUCTFLOW_FAILPOINTS": "note_send",
+        "PRODUCTFLOW_FAILPOINT_NOTES": notes,
+    }
 
     # --- one SIGTERM ----------------------------------------------------------
     stack.submit(JOBS, prefix="s9")
@@ -53,6 +65,10 @@ def test_sigterm_mid_batch_finishes_or_releases_and_a_second_signal_exits_at_onc
     # Its start-up catch-up scan claims a full batch at once, and the sends hang in Redis.
     first = stack.dispatcher(*dispatcher_args(), "--lease", str(LEASE), name="dispatcher-sigterm", **env)
     wait_until(lambda: leased(stack) == BATCH, timeout=20, message="a claimed batch stuck in Redis")
+    # The claim commits before the loop hands its chunks to the sends: signalled at the lease, a slow host
+    # could stop the loop before the second send began (then one chunk is in flight, rightly).
+    wait_until(lambda: sends_begun(notes, first.pid) >= CONCURRENCY, timeout=20, message="both sends begun")
+    assert held.is_alive(), "Redis answered before the signal: the sends were not held in flight"
     signalled = time.monotonic()
     first.send(signal.SIGTERM)
     rc = first.wait(timeout=DEADLINE + 10)
