@@ -87,6 +87,7 @@ def main() -> None:
         SEND_CONCURRENCY=spec.get("concurrency", 4),
         SEND_CHUNK_SIZE=spec.get("chunk", 50),
         POLL_INTERVAL=spec.get("poll", 1.0),
+        **({"LEASE_SECONDS": spec["lease"]} if "lease" in spec else {}),
         RECOVERY=real["overrides"] if real else None,
     )
     locking = spec.get("locking")

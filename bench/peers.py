@@ -15,6 +15,8 @@ The project's path also has its dispatcher process (outbox -> RQ) and Redis.
   returned) -> job start. Ours: ``started_at`` (the start compare-and-set, the first
   thing the task does, DB clock); procrastinate: the job function's first line.
   Same host, same clock. Jobs not started within the wait are counted as missing.
+  Ours is also split hop by hop from what each step already records (``_ours_hops``):
+  commit -> claimed -> in RQ -> started in RQ -> started in PostgreSQL.
 
 Variants: ``productflow`` (the project's worker, ``manage.py runworkers``),
 ``productflow-simpleworker`` (RQ's SimpleWorker, what the README ran before),
@@ -32,6 +34,16 @@ from bench.stats import cdf_points, rate, ratio, summarize
 from bench.workers import Workers
 
 NAME = "peers"
+# The dispatcher's lease, passed to it: the claim sets available_at = its clock + the lease (claim.CLAIM_SQL) and
+# nothing later moves it for a dispatched envelope, so available_at - lease is when the claim ran.
+LEASE_SECONDS = 30.0
+# (metric name, from, to) of _ours_hops; each point is already stamped by the step itself.
+HOPS = (
+    ("commit_to_claimed", "commit", "claimed"),  # NOTIFY, wake, the claim statement (DB clock)
+    ("claimed_to_in_rq", "claimed", "in_rq"),  # the claim's reply, the send's pipeline built (job hash enqueued_at)
+    ("in_rq_to_rq_start", "in_rq", "rq_start"),  # the send's round trip, the worker's blocking pop (RQ started_at)
+    ("rq_start_to_start", "rq_start", "start"),  # the take script's round trip, the job restored, the CAS sent
+)
 VARIANTS = ["productflow", "productflow-simpleworker", "procrastinate"]
 KINDS = {"productflow": "pipeline", "productflow-simpleworker": "simple"}
 
@@ -95,6 +107,43 @@ def _ours_in_rq(env, ids: list[int]) -> dict[int, float]:
     return out
 
 
+def _ours_hops(env, committed: dict[int, float], metrics: dict, w: int, r: float) -> None:
+    """Commit -> start, hop by hop: each point from the record the step itself writes, none added for the bench.
+
+    claimed: the envelope's available_at minus the lease (DB clock); in_rq: the job hash's enqueued_at (the
+    dispatcher's clock, as its send builds the pipeline); rq_start: the job hash's started_at (the worker's
+    clock, as it writes the start after its blocking pop returned); start: the job's started_at (DB clock).
+    One host here, so one clock.
+    """
+    from datetime import datetime
+
+    from django.db import connection
+
+    ids = list(committed)
+    points: dict[int, dict[str, float]] = {i: {"commit": t} for i, t in committed.items()}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.job_id, extract(epoch FROM e.available_at) - %s, extract(epoch FROM j.started_at) "
+            "FROM dispatch_app_dispatchenvelope e JOIN dispatch_app_job j ON j.id = e.job_id "
+            "WHERE e.job_id = ANY(%s) AND e.attempt = 1 AND e.status = 'dispatched' AND e.send_attempts = 1",
+            [LEASE_SECONDS, ids],
+        )
+        for job_id, claimed, started in cursor.fetchall():
+            points[job_id].update(claimed=float(claimed), **({"start": float(started)} if started else {}))
+    pipe = env.redis().pipeline(transaction=False)
+    for i in ids:
+        pipe.hmget(f"rq:job:pf-{i}-1", "enqueued_at", "started_at")
+    for i, raw in zip(ids, pipe.execute(), strict=True):
+        for name, value in zip(("in_rq", "rq_start"), raw, strict=True):
+            if value:
+                at = datetime.strptime(value.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+                points[i][name] = at.timestamp()
+    for name, start, end in HOPS:
+        hop = summarize([(p[end] - p[start]) * 1000 for p in points.values() if start in p and end in p])
+        metrics[f"w{w}_{name}_p50_ms_at{int(r)}"] = hop["p50"]
+        metrics[f"w{w}_{name}_p99_ms_at{int(r)}"] = hop["p99"]
+
+
 def _ours(ctx: Context, kind: str) -> dict:
     from bench.load import Child
 
@@ -103,7 +152,7 @@ def _ours(ctx: Context, kind: str) -> dict:
     metrics: dict = {}
     for w in processes:
         env.reset()
-        child = Child(env, {"kind": "dispatch", "listen": True})
+        child = Child(env, {"kind": "dispatch", "listen": True, "lease": LEASE_SECONDS})
         try:
             with Workers(env, kind, ["delivery"], w):
                 producer = Proc(["bench.producer", json.dumps({"domain": "delivery"})], env.child_env())
@@ -141,6 +190,7 @@ def _ours(ctx: Context, kind: str) -> dict:
                         )
                         metrics[f"w{w}_rq_to_start_p50_ms_at{int(r)}"] = rq_wait["p50"]
                         metrics[f"w{w}_rq_to_start_p99_ms_at{int(r)}"] = rq_wait["p99"]
+                        _ours_hops(env, committed, metrics, w, r)
                 finally:
                     producer.stop()
         finally:

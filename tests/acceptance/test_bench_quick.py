@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from bench import SCENARIOS, variants
+from bench.peers import HOPS
 from bench.workers import pipeline_available
 from tests.helpers import MANAGE, PYTHON, ROOT
 
@@ -77,3 +78,8 @@ def test_quick_run_records_every_scenario_and_variant(tmp_path):
     else:
         assert "plots skipped" in proc.stdout
     assert "== drain ==" in proc.stdout
+    # Our commit -> start, hop by hop, from what each step records (bench.peers._ours_hops): every hop measured.
+    ours = next(r for r in records if (r["scenario"], r["variant"]) == ("peers", "productflow"))
+    if ours["metrics"]:
+        missing = [name for name, _, _ in HOPS if ours["metrics"].get(f"w1_{name}_p50_ms_at200") is None]
+        assert not missing, f"hops not measured: {missing}"
