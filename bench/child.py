@@ -206,6 +206,9 @@ def main() -> None:
             if ready is not None:
                 ready.wait(60)
 
+    from dispatch_app.runtime.gcfreeze import freeze_startup
+
+    freeze_startup("dispatch")  # as rundispatcher does before its loops start
     if spec.get("wait_go"):
         say_ready()
         wait_for("go")

@@ -24,6 +24,7 @@ from dispatch_app import redis_servers
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import queue_names
 from dispatch_app.rqworker.worker import PipelineWorker
+from dispatch_app.runtime.gcfreeze import freeze_startup
 
 log = logging.getLogger("dispatch_app.rqworker")
 
@@ -113,6 +114,7 @@ def build_worker(queues, connection: redis.Redis | None = None, name: str | None
 
 def run_one(plan: Plan) -> bool:
     worker = build_worker(plan.queues)
+    freeze_startup("worker")
     return worker.work(burst=plan.burst, max_jobs=plan.max_jobs, logging_level=plan.logging_level)
 
 
@@ -120,6 +122,7 @@ def _pool_child(name, queue_names, burst=True, logging_level="INFO", max_jobs=No
     # A forked child: Django is set up and the parent holds no database connection
     # (closed before the pool started), so this child opens its own.
     worker = build_worker(queue_names)
+    freeze_startup("worker")
     worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level)
 
 
@@ -162,5 +165,7 @@ def run(plan: Plan) -> int:
     from django.db import connections
 
     connections.close_all()  # forked children must not share the parent's sockets
-    ProjectWorkerPool(plan).start(burst=plan.burst, logging_level=plan.logging_level)
+    pool = ProjectWorkerPool(plan)
+    freeze_startup("worker")  # before the forks too: the children's collections then leave those pages shared
+    pool.start(burst=plan.burst, logging_level=plan.logging_level)
     return 0

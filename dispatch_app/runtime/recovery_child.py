@@ -111,6 +111,7 @@ def run(
 ) -> list[str]:
     """Run the recovery loops until stopped; returns the loops still running at the deadline."""
     from dispatch_app.runtime.assembly import add_recovery_loops
+    from dispatch_app.runtime.gcfreeze import freeze_startup
     from dispatch_app.runtime.supervisor import Supervisor
 
     niceness = lower_priority(nice)
@@ -132,6 +133,7 @@ def run(
     # Ctrl-C reaches the whole process group; the parent decides when its child stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_lifeline(sys.stdin.buffer, lambda: stop("parent gone"))
+    freeze_startup("recovery")
     supervisor.start()
     if reporter is not None:
         reporter.send(event="started", pid=os.getpid(), loops=supervisor.loop_names())

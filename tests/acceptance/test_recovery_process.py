@@ -104,6 +104,12 @@ def test_the_child_runs_niced_is_restarted_after_kill_9_and_sigterm_stops_both(s
     )
     assert f"recovery process {first} died (signal 9)" in row.last_error
     assert parent.proc.poll() is None  # the dispatcher itself never stopped
+    # runtime.gcfreeze: the parent, and each recovery child (the first and its replacement) after its set-up.
+    wait_until(
+        lambda: parent.output().count("start-up objects frozen") >= 3,
+        SAFETY,
+        message="start-up objects frozen by the parent and both children",
+    )
 
     parent.signal(signal.SIGTERM)
     assert parent.proc.wait(DEADLINE + 10) == 0, parent.output()

@@ -100,6 +100,7 @@ class Command(SettingsErrorExit2, BaseCommand):
 
             check_send_lease(conf)  # a lease shorter than a send: exit code 2, naming both settings
         from dispatch_app.runtime import assembly
+        from dispatch_app.runtime.gcfreeze import freeze_startup
 
         try:
             supervisor = assembly.build(conf, options)
@@ -126,6 +127,7 @@ class Command(SettingsErrorExit2, BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        freeze_startup("dispatch")
         supervisor.start()
         self.stdout.write(f"rundispatcher pid {os.getpid()} started: {', '.join(supervisor.loop_names())}")
         self.stdout.flush()

@@ -123,6 +123,7 @@ def test_sigterm_mid_job_finishes_it_and_gives_back_the_taken_jobs(shared_stack,
     assert [i.decode() for i in redis_conn.lrange("rq:queue:delivery", 0, -1)] == [f"pf-{j}-1" for j in rest]
     assert redis_conn.llen("rq:queue:delivery:intermediate") == 0
     assert "warm shutdown requested" in worker.output()
+    assert worker.output().count("start-up objects frozen") == 1  # runtime.gcfreeze: one process, no pool
 
     drain = stack.worker("delivery", burst=True, name="drain")
     assert drain.wait(timeout=60) == 0, drain.output()
@@ -198,6 +199,8 @@ def test_max_jobs_recycles_worker_processes(shared_stack):
     assert len(pids) >= 3, f"5 jobs at 2 per process need 3 processes, ran in {pids}"
     assert stack.ledger() == {(j, 1): 1 for j in ids}
     assert pool.output().count("exiting (--max-jobs)") >= 2
+    # runtime.gcfreeze: the pool's parent before forking, and every worker process after its set-up.
+    assert pool.output().count("start-up objects frozen") >= 1 + len(pids), pool.output()
     assert pool.stop() == 0
     assert dispatcher.stop() == 0
 
