@@ -92,13 +92,14 @@ def _ours_times(ids: list[int], column: str) -> dict[int, float]:
         return {row[0]: float(row[1]) for row in cursor.fetchall()}
 
 
-def _ours_in_rq(env, ids: list[int]) -> dict[int, float]:
-    """job id -> when the dispatcher put it in RQ (the job hash's ``enqueued_at``, set right before the send)."""
+def _ours_rq_times(env, ids: list[int], field: str) -> dict[int, float]:
+    """job id -> a time from its job hash: ``enqueued_at`` (the dispatcher put it in RQ, set right before the
+    send) or ``started_at`` (the worker's start writes, after its blocking pop returned)."""
     from datetime import datetime
 
     pipe = env.redis().pipeline(transaction=False)
     for i in ids:
-        pipe.hget(f"rq:job:pf-{i}-1", "enqueued_at")
+        pipe.hget(f"rq:job:pf-{i}-1", field)
     out = {}
     for i, raw in zip(ids, pipe.execute(), strict=True):
         if raw:
@@ -107,39 +108,25 @@ def _ours_in_rq(env, ids: list[int]) -> dict[int, float]:
     return out
 
 
-def _ours_hops(env, committed: dict[int, float], metrics: dict, w: int, r: float) -> None:
-    """Commit -> start, hop by hop: each point from the record the step itself writes, none added for the bench.
-
-    claimed: the envelope's available_at minus the lease (DB clock); in_rq: the job hash's enqueued_at (the
-    dispatcher's clock, as its send builds the pipeline); rq_start: the job hash's started_at (the worker's
-    clock, as it writes the start after its blocking pop returned); start: the job's started_at (DB clock).
-    One host here, so one clock.
-    """
-    from datetime import datetime
-
+def _ours_claimed(ids: list[int]) -> dict[int, float]:
+    """job id -> when its first claim ran: the claim sets available_at = its clock + the lease (DB clock)."""
     from django.db import connection
 
-    ids = list(committed)
-    points: dict[int, dict[str, float]] = {i: {"commit": t} for i, t in committed.items()}
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT e.job_id, extract(epoch FROM e.available_at) - %s, extract(epoch FROM j.started_at) "
-            "FROM dispatch_app_dispatchenvelope e JOIN dispatch_app_job j ON j.id = e.job_id "
-            "WHERE e.job_id = ANY(%s) AND e.attempt = 1 AND e.status = 'dispatched' AND e.send_attempts = 1",
+            "SELECT job_id, extract(epoch FROM available_at) - %s FROM dispatch_app_dispatchenvelope "
+            "WHERE job_id = ANY(%s) AND attempt = 1 AND status = 'dispatched' AND send_attempts = 1",
             [LEASE_SECONDS, ids],
         )
-        for job_id, claimed, started in cursor.fetchall():
-            points[job_id].update(claimed=float(claimed), **({"start": float(started)} if started else {}))
-    pipe = env.redis().pipeline(transaction=False)
-    for i in ids:
-        pipe.hmget(f"rq:job:pf-{i}-1", "enqueued_at", "started_at")
-    for i, raw in zip(ids, pipe.execute(), strict=True):
-        for name, value in zip(("in_rq", "rq_start"), raw, strict=True):
-            if value:
-                at = datetime.strptime(value.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-                points[i][name] = at.timestamp()
+        return {row[0]: float(row[1]) for row in cursor.fetchall()}
+
+
+def _ours_hops(points: dict[str, dict[int, float]], metrics: dict, w: int, r: float) -> None:
+    """Commit -> start, hop by hop (HOPS), from ``points``: point name -> job id -> time. Each point is the
+    record its step itself writes, none added for the bench; one host here, so one clock."""
     for name, start, end in HOPS:
-        hop = summarize([(p[end] - p[start]) * 1000 for p in points.values() if start in p and end in p])
+        first, then = points[start], points[end]
+        hop = summarize([(then[i] - first[i]) * 1000 for i in first if i in then])
         metrics[f"w{w}_{name}_p50_ms_at{int(r)}"] = hop["p50"]
         metrics[f"w{w}_{name}_p99_ms_at{int(r)}"] = hop["p99"]
 
@@ -181,7 +168,7 @@ def _ours(ctx: Context, kind: str) -> dict:
                         metrics[f"w{w}_dispatched_p99_ms_at{int(r)}"] = hop["p99"]
                         # dispatched_at is stamped by the mark, after the send and on the marker thread; the
                         # job hash's enqueued_at is when the send began: commit -> in RQ, the hop itself.
-                        in_rq = _ours_in_rq(env, ids)
+                        in_rq = _ours_rq_times(env, ids, "enqueued_at")
                         hop = summarize([(in_rq[i] - committed[i]) * 1000 for i in ids if i in in_rq])
                         metrics[f"w{w}_in_rq_p50_ms_at{int(r)}"] = hop["p50"]
                         metrics[f"w{w}_in_rq_p99_ms_at{int(r)}"] = hop["p99"]
@@ -190,7 +177,9 @@ def _ours(ctx: Context, kind: str) -> dict:
                         )
                         metrics[f"w{w}_rq_to_start_p50_ms_at{int(r)}"] = rq_wait["p50"]
                         metrics[f"w{w}_rq_to_start_p99_ms_at{int(r)}"] = rq_wait["p99"]
-                        _ours_hops(env, committed, metrics, w, r)
+                        points = {"commit": committed, "claimed": _ours_claimed(ids), "in_rq": in_rq}
+                        points.update(rq_start=_ours_rq_times(env, ids, "started_at"), start=started)
+                        _ours_hops(points, metrics, w, r)
                 finally:
                     producer.stop()
         finally:
