@@ -49,9 +49,11 @@ class Observer:
         with self.lock:
             self.drains.append((result.trigger, result.dispatched))
 
-    def dispatched_by(self, trigger):
+    def dispatched_by(self, trigger=None):
+        """Jobs dispatched by drains of this trigger (of any, without one); a drain is seen once it returned,
+        after its mark committed."""
         with self.lock:
-            return sum(n for t, n in self.drains if t == trigger)
+            return sum(n for t, n in self.drains if trigger is None or t == trigger)
 
     def loop_tick(self, name):
         pass
@@ -97,6 +99,7 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
         # NOTIFY-woken dispatch (no tick can fire yet).
         first = submit("delivery", PAYLOADS["delivery"])
         wait_until(lambda: Job.objects.get(pk=first.pk).status == "queued", SAFETY, message="NOTIFY-woken dispatch")
+        wait_until(lambda: observer.dispatched_by() == 1, SAFETY, message="the drain's result")
         assert observer.dispatched_by(NOTIFY) == 1 and observer.dispatched_by(TICK) == 0
 
         # Dispatch no NOTIFY woke: an envelope that becomes claimable after its NOTIFY was spent,
@@ -104,6 +107,7 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
         wake.tick_seconds = 0.05
         second = submit("workflow", PAYLOADS["workflow"], available_at=timedelta(seconds=0.3))
         wait_until(lambda: Job.objects.get(pk=second.pk).status == "queued", SAFETY, message="due-woken dispatch")
+        wait_until(lambda: observer.dispatched_by() == 2, SAFETY, message="the drain's result")
         assert observer.dispatched_by(DUE) == 1
 
         others = [d for d in domain_keys() if d != HELD]
