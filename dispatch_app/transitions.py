@@ -3,6 +3,7 @@
 ::
 
     (submit) -> submitted --mark_queued--> queued --start--> running --finish--> succeeded | failed | outcome_unknown
+                                                   queued <--withdraw_start-- running  (its worker never ran it)
                 submitted --dead_letter--> failed            (its envelope could never be sent)
     submitted | queued | running --conclude--> outcome_unknown | failed   (recovery's verdict)
     submitted | queued | running --cancel--> cancelled       (operator)
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from dispatch_app.domains import get_domain
 from dispatch_app.models import JobEvent
@@ -74,6 +75,20 @@ SET status = 'running', started_at = clock_timestamp(),
 FROM (SELECT set_config('productflow.worker', %s, true)) AS w
 WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
 RETURNING payload, trace_context, started_at
+"""
+
+# running -> queued, same attempt: a worker that started the job in PostgreSQL ahead of its take from Redis
+# (dispatch_app.rqworker.prestart) did not get the job to run. Only that start (its started_at) moves back;
+# the attempt's history forgets the start too, so a later start of the same attempt is recorded afresh.
+WITHDRAW_START_SQL = f"""
+WITH back AS (
+    UPDATE {JOB} SET status = 'queued', started_at = NULL
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND started_at = %(started_at)s
+    RETURNING id, attempt),
+history AS (
+    UPDATE dispatch_app_jobattempt a SET started_at = NULL, worker = ''
+    FROM back WHERE a.job_id = back.id AND a.attempt = back.attempt)
+SELECT id FROM back
 """
 
 # running -> succeeded | failed | outcome_unknown: the worker's outcome for its own attempt.
@@ -138,6 +153,20 @@ def start(cursor, worker: str, job_id: int, attempt: int) -> tuple | None:
     """
     cursor.execute(START_SQL, [worker, job_id, attempt])
     return cursor.fetchone()
+
+
+def withdraw_start(job_id: int, attempt: int, started_at, reason: str) -> bool:
+    """running -> queued for a start whose job was not run (WITHDRAW_START_SQL), with an event saying why.
+
+    False when the job moved on since (finished, cancelled, re-dispatched): nothing is changed then.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(WITHDRAW_START_SQL, {"id": job_id, "attempt": attempt, "started_at": started_at})
+            if cursor.fetchone() is None:
+                return False
+        JobEvent.objects.create(job_id=job_id, attempt=attempt, kind="start_withdrawn", reason=reason)
+    return True
 
 
 def finish(cursor, job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:

@@ -23,6 +23,7 @@ from dispatch_app.dbretry import once_more_on_fresh_connection
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
+from dispatch_app.rqworker import prestart
 from dispatch_app.transitions import finish, redispatch, start
 
 log = logging.getLogger("dispatch_app.worker")
@@ -133,9 +134,12 @@ def execute(domain_key: str, job_id: int, attempt: int) -> dict:
 
 def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     domain = get_domain(domain_key)
-    # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
-    with prepared.cursor() as cursor:
-        row = start(cursor, _worker_name(), job_id, attempt)
+    # The project's worker may have made the start already, while Redis handed it the job (prestart).
+    row = prestart.claim(job_id, attempt)
+    if row is None:
+        # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
+        with prepared.cursor() as cursor:
+            row = start(cursor, _worker_name(), job_id, attempt)
     if row is None:
         JobEvent.objects.create(
             job_id=job_id,

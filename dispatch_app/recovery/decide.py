@@ -57,6 +57,9 @@ class Evidence:
     # An RQ job that says "queued": whether its id is in its queue or its queue's intermediate list (taken by a
     # worker). False: popped by a worker that died or lost the connection before it took the job. None = not asked.
     rq_listed: bool | None = None
+    # A running job whose RQ job waits and no worker ever wrote its start: nothing ran it (evidence.gather).
+    # None = not so, or not asked.
+    rq_never_started: bool | None = None
     # About the job's vendor_request_id (jobs from before the ledger):
     vendor_status: str | None = None  # succeeded | failed | pending | unknown | error; None = not asked
     vendor_error: str = ""
@@ -145,6 +148,16 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
     # running
     if evidence.rq_status == "started" and evidence.worker_alive:
         return Decision(LEAVE_ALONE, f"running on live worker {evidence.worker_name}")
+    if evidence.rq_never_started and not state.in_doubt:
+        # A worker makes the start in PostgreSQL while Redis hands it the job (rqworker.prestart) and runs the
+        # job only once Redis has its start too: it stopped in between. Calls in doubt (an earlier attempt's,
+        # then) are the ledger's to settle first, below.
+        return _attempt_or_fail(
+            state,
+            policy,
+            f"running, but {_rq_story(evidence)} and no worker ever started it: the worker that made the start "
+            "stopped before it took the job, so nothing ran",
+        )
     story = f"interrupted mid-run: {_rq_story(evidence)}"
     if policy.retry_safe:
         return _attempt_or_fail(state, policy, f"{story}; re-running is safe")

@@ -22,7 +22,7 @@ from rq.worker import Worker
 
 from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.providers import call_with_timeout
-from dispatch_app.recovery.decide import Evidence, JobState
+from dispatch_app.recovery.decide import RQ_WAITING, Evidence, JobState
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,14 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         alive, heartbeat = worker_seen(worker, connection)
         if alive and heartbeat is not None and rq_started is not None:
             started_for = (heartbeat - rq_started).total_seconds()
+    # No worker ever wrote its start (RQ's start sets both; a requeue from the failed registry clears started_at
+    # only): whatever PostgreSQL says, the job's function never ran (a worker runs it only after that write).
+    never_started = state.status == "running" and rq_status in RQ_WAITING and rq_started is None and not worker
     vendor, error, answers = None, "", []
     if (
         state.status == "running"
         and not (rq_status == "started" and alive)
+        and not never_started
         and not policy.retry_safe
         and policy.uses_vendor_request_id
     ):
@@ -125,6 +129,7 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         worker_alive=alive,
         started_for=started_for,
         rq_listed=seen.listed,
+        rq_never_started=never_started or None,
         vendor_status=vendor,
         vendor_error=error,
         vendor_answers=tuple(answers),

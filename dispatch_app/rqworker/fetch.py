@@ -17,8 +17,10 @@ The script applies them only to a job whose hash says what the writes assumed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import redis
 from rq.exceptions import NoSuchJobError
@@ -167,6 +169,27 @@ class Suspended(Exception):
     """``rq suspend`` is in force: nothing was taken."""
 
 
+class PendingTake:
+    """A take script call sent, its reply not read yet (``Fetcher.send_take``).
+
+    Errors are redis-py's (ConnectionError, TimeoutError), raised by ``result``: the caller's in-doubt
+    handling is the same as for ``Fetcher.take``.
+    """
+
+    def __init__(self, fetcher: Fetcher, args: list, start: Start | None):
+        self.fetcher, self.start = fetcher, start
+        self.error: BaseException | None = None
+        try:
+            self.receive = fetcher._send(args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.error = exc
+
+    def result(self) -> list[Taken]:
+        if self.error is not None:
+            raise self.error
+        return self.fetcher._taken(self.receive(), self.start)
+
+
 class Fetcher:
     def __init__(self, connection: redis.Redis, queues: list[Queue], job_class: type[Job], serializer, name: str):
         self.connection = connection
@@ -189,6 +212,39 @@ class Fetcher:
         job's start, written in the same call when the job is as it assumed (the
         first Taken then carries its execution).
         """
+        return self._taken(self._script(keys=self.keys, args=self._take_args(limit, popped, start)), start)
+
+    def send_take(self, limit: int, popped: tuple[int, str, bool], start: Start | None) -> PendingTake:
+        """``take`` in two halves: the script call is sent now and its reply read by ``PendingTake.result``,
+        so the caller can do other I/O (the job's start in PostgreSQL) while Redis runs the script."""
+        return PendingTake(self, self._take_args(limit, popped, start), start)
+
+    def _send(self, args: list) -> Callable[[], Any]:
+        """The take script call sent on a connection of its own from the pool; returns what reads its reply."""
+        pool = self.connection.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command("EVALSHA", self._script.sha, len(self.keys), *self.keys, *args)
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+
+        def receive():
+            try:
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:
+                # Redis restarted or flushed its scripts since the last call: loaded and run again, once.
+                return self._script(keys=self.keys, args=args)
+            except BaseException:
+                conn.disconnect()  # the reply may still be on its way: never reuse this socket
+                raise
+            finally:
+                pool.release(conn)
+
+        return receive
+
+    def _take_args(self, limit: int, popped: tuple[int, str, bool] | None, start: Start | None) -> list:
         args: list = [limit, Job.redis_job_namespace_prefix, self.name]
         if popped is not None:
             index, job_id, move = popped
@@ -197,7 +253,9 @@ class Fetcher:
                 args += [start.timeout, len(start.commands)]
                 for command in start.commands:
                     args += [len(command), *command]
-        reply = self._script(keys=self.keys, args=args)
+        return args
+
+    def _taken(self, reply, start: Start | None) -> list[Taken]:
         if reply[0] == 1:
             raise Suspended()
         taken = []

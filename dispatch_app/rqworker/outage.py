@@ -18,7 +18,8 @@ log = logging.getLogger("dispatch_app.rqworker")
 
 
 class OutageMixin:
-    """Needs the PipelineWorker attributes it uses: _stopping, _stop_requested, _buffer, _beat, _fetcher, _in_doubt."""
+    """Needs the PipelineWorker attributes it uses: _stopping, _stop_requested, _buffer, _beat, _fetcher,
+    _in_doubt, _drop_held."""
 
     def _retrying(self, action, what: str) -> None:
         """Run ``action`` until Redis answers (start-up during an outage), backing off."""
@@ -50,6 +51,8 @@ class OutageMixin:
         # What was taken may be gone with Redis' data; what is still there goes back once it answers.
         taken = [t for t, _ in self._buffer]
         self._buffer.clear()
+        for t in taken:
+            self._drop_held("Redis went away before it ran; the job goes back to its queue", t.job.id)
         while not self._stop_requested:
             if self._stopping.wait(delay):
                 break
@@ -82,13 +85,16 @@ class OutageMixin:
         popped, start = self._in_doubt
         verdict, taken = self._fetcher.settle(popped, start)
         self._in_doubt = None
+        became = {"started": "was started: running it", "requeued": "went back to its queue"}.get(verdict, verdict)
         if taken is not None:
             self._buffer.insert(0, (taken, time.monotonic()))
+        else:
+            self._drop_held(f"its take lost its reply and the job {became}", popped[1])
         log.warning(
             "worker %s: the take of job %s lost its reply; the job %s",
             self.name,
             popped[1],
-            {"started": "was started: running it", "requeued": "went back to its queue"}.get(verdict, verdict),
+            became,
             extra={"action": "worker_take_settled", "domain": "worker", "verdict": verdict},
         )
 

@@ -41,7 +41,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from rq.worker_registration import register
 
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.rqworker import fast_paths
+from dispatch_app.rqworker import fast_paths, prestart
 from dispatch_app.rqworker.beat import Heartbeat
 from dispatch_app.rqworker.evidence import EvidenceMixin
 from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
@@ -92,6 +92,7 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         self._timeouts: dict[str, int | None] = {}  # queue -> its last job's timeout (``_record_start``)
         self._start_templates: dict[tuple, StartTemplate | None] = {}
         self._in_doubt: tuple | None = None  # (popped, start) of a take whose reply was lost
+        self._held: prestart.Held | None = None  # a start made ahead of its take, until the job runs
         super().__init__(queues, *args, **kwargs)
 
     # --- connection and lifecycle -------------------------------------------------
@@ -140,6 +141,7 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
     def teardown(self):
         if self._beat is not None:
             self._beat.stop()
+        self._drop_held("the worker stopped before running it")
         try:
             self._flush_pending()
             if self._fetcher is not None:
@@ -222,6 +224,8 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
                 self._buffer.pop(0)
                 return taken
             self._fetcher.give_back([t for t, _ in self._buffer])
+            for t, _ in self._buffer:
+                self._drop_held("it waited in the worker's hand too long and went back to its queue", t.job.id)
             self._buffer.clear()
         try:
             batch = self._fetcher.take(limit)
@@ -238,8 +242,11 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             if popped is None:
                 return None
             start = self._record_start(popped)
+            pending = self._fetcher.send_take(limit, popped, start)
+            # The job's start in PostgreSQL while Redis runs the take (prestart).
+            self._held = prestart.begin(self.name, popped[1], self._fetcher.queues[popped[0]].name)
             try:
-                batch = self._fetcher.take(limit, popped=popped, start=start)
+                batch = pending.result()
             except (redis.ConnectionError, redis.TimeoutError):
                 # The script may have run, its reply lost: settled once Redis answers (``_redis_down``).
                 self._in_doubt = (popped, start)
@@ -247,6 +254,8 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             finally:
                 if start is not None and not (batch and batch[0].execution is not None):
                     self._state = start.state  # not written: the next start writes BUSY again
+            if not (batch and batch[0].job.id == popped[1]):
+                self._drop_held("its job's hash was gone from Redis when the worker took it")
             if not batch:
                 return None
         at = time.monotonic()
@@ -273,8 +282,21 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         try:
             job.func_name  # noqa: B018 - deserialises the call; a foreign job fails here, before any start
         except DeserializationError as exc:
+            self._drop_held("its data in Redis could not be deserialised", job.id)
             self._undeserializable_job(taken, exc)
             return
+        if self._held is not None and self._held.rq_id == job.id:
+            prestart.hand_over(self._held)
+            self._held = None
+        try:
+            return self._perform(taken)
+        finally:
+            left = prestart.unclaimed()
+            if left is not None:
+                prestart.withdraw(left, "its function ended before it took the start")
+
+    def _perform(self, taken: Taken) -> None:
+        job, queue = taken.job, taken.queue
         if job.repeats_left is not None:
             # Repeating jobs need RQ's scheduling on success: RQ's own path, unbatched.
             self._flush_pending()
@@ -366,6 +388,13 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             self._enqueue_dependents_safely(queue, job)
         release_slot(job)
         job.send_webhooks(JobStatus.FINISHED)
+
+    def _drop_held(self, why: str, rq_id: str | None = None) -> None:
+        """Withdraw the start made ahead of the take (prestart) when its job will not run here."""
+        held = self._held
+        if held is not None and (rq_id is None or held.rq_id == rq_id):
+            self._held = None
+            prestart.withdraw(held, why)
 
     def _write_fields(self, pipe) -> None:
         if self._pending_fields:

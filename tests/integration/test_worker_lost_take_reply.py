@@ -31,16 +31,20 @@ def make_worker(redis_conn, names=("delivery",)):
 
 def lose_the_reply(worker, monkeypatch, *, runs: bool) -> None:
     """The take of a popped job: its script runs in Redis (``runs``) or not; either way the connection drops."""
-    script = worker._fetcher._script
+    fetcher = worker._fetcher
+    send = fetcher._send
 
-    def dropped(keys, args):
-        if len(args) <= 3:  # a take without a popped job (before the wait): as it is
-            return script(keys=keys, args=args)
+    def dropped(args):
         if runs:
-            script(keys=keys, args=args)
-        raise redis.ConnectionError("Connection closed by server.")
+            send(args)()  # sent and its reply read here, so the script has run before the drop
 
-    monkeypatch.setattr(worker._fetcher, "_script", dropped)
+        def receive():
+            raise redis.ConnectionError("Connection closed by server.")
+
+        return receive
+
+    # The popped job's take (send_take) goes through _send; a take without one (before the wait) does not.
+    monkeypatch.setattr(fetcher, "_send", dropped)
 
 
 def arrive_during_the_wait(worker, monkeypatch, queue, job_id, **options) -> None:

@@ -189,6 +189,27 @@ def test_a_domain_without_the_ledger_and_no_vendor_evidence_is_outcome_unknown()
     assert "cannot be checked" in decision.reason
 
 
+@pytest.mark.parametrize(
+    "policy", [replace(AGENT, records_vendor_calls=False), AGENT, IMAGES], ids=["no-ledger", "agent", "image_series"]
+)
+def test_running_whose_rq_job_never_started_is_redispatched_whatever_the_domain(policy):
+    """The worker made the start in PostgreSQL while Redis handed it the job, then died before the job was its."""
+    never = Evidence(rq_status="queued", rq_listed=True, rq_never_started=True)
+    decision = decide(state("running"), never, policy, NOW)
+    assert decision.kind == REDISPATCH
+    assert "no worker ever started it" in decision.reason and "nothing ran" in decision.reason
+    assert decide(state("running", attempt=3), never, policy, NOW).kind == FAIL
+    # Without that evidence the same job is an interrupted run.
+    interrupted = decide(state("running"), replace(never, rq_never_started=None), policy, NOW)
+    assert "interrupted mid-run" in interrupted.reason
+
+
+def test_a_never_started_job_with_an_earlier_call_in_doubt_goes_to_the_ledger_first():
+    never = Evidence(rq_status="queued", rq_listed=True, rq_never_started=True)
+    decision = decide(state("running", calls=[call(purpose="agent-step-1")]), never, AGENT, NOW)
+    assert decision.kind == OUTCOME_UNKNOWN and "agent-step-1" in decision.reason
+
+
 @pytest.mark.parametrize("policy", [AGENT, IMAGES], ids=["agent", "image_series"])
 def test_no_call_in_doubt_resumes_as_the_next_attempt(policy):
     # Died between two calls (3 recorded, all settled), or before its first: nothing can repeat.

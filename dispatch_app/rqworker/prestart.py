@@ -1,0 +1,122 @@
+"""A job's start in PostgreSQL, sent while Redis runs the take that hands the job to this worker.
+
+An idle worker woken by a job knows the job's (id, attempt) from its RQ id
+(``pf-<id>-<attempt>``) before it has the job's hash. The start compare-and-set
+(transitions.START_SQL) then runs while the take's script call is on its way
+(``fetch.PendingTake``): the job's start is durable in PostgreSQL and in Redis one
+round trip sooner than one after the other. Nothing the job does happens before
+both are in: ``dispatch_app.worker.execute`` takes the start handed over here
+instead of running its own (``claim``).
+
+When the take does not hand this worker the job after all (its hash vanished,
+its reply was lost and the job went back to its queue, it cannot be read, the
+worker stops first), the start is withdrawn (transitions.withdraw_start): the job
+is ``queued`` again, as if this worker had never seen it, and an event says why.
+A worker killed in between leaves a ``running`` job whose RQ job never started;
+recovery knows that nothing ran then (recovery.decide).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import Error
+
+log = logging.getLogger("dispatch_app.rqworker")
+
+_RQ_ID = re.compile(r"pf-(\d+)-(\d+)")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A start this worker made ahead of its job: START_SQL's row (payload, trace context, started_at)."""
+
+    rq_id: str
+    job_id: int
+    attempt: int
+    row: tuple
+    queue: str
+
+
+# The start handed to ``execute`` for the job being performed (one job at a time per worker process).
+_handed: Held | None = None
+
+
+def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
+    """The job's start, made now; None for a job that is not the dispatcher's, not startable, or on an error
+    (``execute`` then runs the start itself, as without this, and reports what it finds)."""
+    from dispatch_app import prepared
+    from dispatch_app.transitions import start
+    from dispatch_app.worker import _check
+
+    match = _RQ_ID.fullmatch(rq_id)
+    if match is None:
+        return None
+    job_id, attempt = int(match[1]), int(match[2])
+    try:
+        _check.before()
+        with prepared.cursor() as cursor:
+            row = start(cursor, worker_name, job_id, attempt)
+    except Exception as exc:  # noqa: BLE001 - the take's reply is still to be read; execute meets the error again
+        log.warning(
+            "job %s attempt %s: start ahead of the take failed (%s); the job starts when it runs",
+            job_id,
+            attempt,
+            exc,
+            extra={"action": "worker_prestart_failed", "domain": queue},
+        )
+        _check.after()
+        return None
+    return None if row is None else Held(rq_id, job_id, attempt, row, queue)
+
+
+def hand_over(held: Held) -> None:
+    global _handed
+    _handed = held
+
+
+def claim(job_id: int, attempt: int) -> tuple | None:
+    """The start made for this job, taken by ``execute``; None when there is none (it starts the job itself)."""
+    global _handed
+    held = _handed
+    if held is None or held.job_id != job_id or held.attempt != attempt:
+        return None
+    _handed = None
+    return held.row
+
+
+def unclaimed() -> Held | None:
+    """The start handed over for a job that never came to claim it (its function failed before), cleared."""
+    global _handed
+    held, _handed = _handed, None
+    return held
+
+
+def withdraw(held: Held, why: str) -> None:
+    """Undo a start whose job this worker will not run (transitions.withdraw_start); logged, never raised."""
+    from dispatch_app.transitions import withdraw_start
+
+    started_at: Any = held.row[2]
+    try:
+        done = withdraw_start(held.job_id, held.attempt, started_at, f"start withdrawn by its worker: {why}")
+    except Error as exc:
+        log.error(
+            "job %s attempt %s: its start could not be withdrawn (%s): it stays running until recovery, which "
+            "sees its RQ job never started",
+            held.job_id,
+            held.attempt,
+            exc,
+            extra={"action": "worker_start_withdraw_failed", "domain": held.queue},
+        )
+        return
+    log.warning(
+        "job %s attempt %s: start withdrawn (%s)%s",
+        held.job_id,
+        held.attempt,
+        why,
+        "" if done else "; the job had moved on already",
+        extra={"action": "worker_start_withdrawn", "domain": held.queue},
+    )
