@@ -12,11 +12,11 @@ The project's path also has its dispatcher process (outbox -> RQ) and Redis.
   process: jobs/s divided by W.
 - latency at 100, 200 and 400 jobs/s for `peers_latency_s` seconds each, one
   transaction per 5 ms: commit (wall time right after the producer's commit
-  returned) -> job start. Ours: ``started_at`` (the start compare-and-set, the first
-  thing the task does, DB clock); procrastinate: the job function's first line.
-  Same host, same clock. Jobs not started within the wait are counted as missing.
-  Ours is also split hop by hop from what each step already records (``_ours_hops``):
-  commit -> claimed -> in RQ -> started in RQ -> started in PostgreSQL.
+  returned) -> job start: the job function's first line for every system (ours: the
+  domain's ``work``, after the start compare-and-set, stamped by bench/site's hook;
+  procrastinate: the job function). Same host, same clock. Jobs not started within
+  the wait are counted as missing. Ours is also split hop by hop (``_ours_hops``):
+  commit -> claimed -> in RQ -> started in RQ -> started in PostgreSQL -> work begins.
 
 Variants: ``productflow`` (the project's worker, ``manage.py runworkers``),
 ``productflow-simpleworker`` (RQ's SimpleWorker, what the README ran before),
@@ -26,6 +26,8 @@ Variants: ``productflow`` (the project's worker, ``manage.py runworkers``),
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from datetime import UTC
 
 from bench import Context, record, side_by_side
@@ -42,7 +44,8 @@ HOPS = (
     ("commit_to_claimed", "commit", "claimed"),  # NOTIFY, wake, the claim statement (DB clock)
     ("claimed_to_in_rq", "claimed", "in_rq"),  # the claim's reply, the send's pipeline built (job hash enqueued_at)
     ("in_rq_to_rq_start", "in_rq", "rq_start"),  # the send's round trip, the worker's blocking pop (RQ started_at)
-    ("rq_start_to_start", "rq_start", "start"),  # the take script's round trip, the job restored, the CAS sent
+    ("rq_start_to_start", "rq_start", "start"),  # the take script sent, the CAS sent (prestart: both in flight)
+    ("start_to_run", "start", "run"),  # the CAS's commit, the take's reply, the job restored, the work's first line
 )
 VARIANTS = ["productflow", "productflow-simpleworker", "procrastinate"]
 KINDS = {"productflow": "pipeline", "productflow-simpleworker": "simple"}
@@ -108,6 +111,17 @@ def _ours_rq_times(env, ids: list[int], field: str) -> dict[int, float]:
     return out
 
 
+def _ours_runs(path: str, ids: list[int]) -> dict[int, float]:
+    """job id -> when its work began (bench/site/sitecustomize.py's stamps; the first one of a job)."""
+    wanted, out = set(ids), {}
+    with open(path) as stamps:
+        for line in stamps:
+            job_id, at = line.split()
+            if int(job_id) in wanted:
+                out.setdefault(int(job_id), float(at))
+    return out
+
+
 def _ours_claimed(ids: list[int]) -> dict[int, float]:
     """job id -> when its first claim ran: the claim sets available_at = its clock + the lease (DB clock)."""
     from django.db import connection
@@ -132,16 +146,26 @@ def _ours_hops(points: dict[str, dict[int, float]], metrics: dict, w: int, r: fl
 
 
 def _ours(ctx: Context, kind: str) -> dict:
+    metrics: dict = {}
+    stamps = tempfile.NamedTemporaryFile(prefix="pf-run-stamps-", delete=False)
+    stamps.close()
+    try:
+        _ours_phases(ctx, kind, stamps.name, metrics)
+    finally:
+        os.unlink(stamps.name)
+    return metrics
+
+
+def _ours_phases(ctx: Context, kind: str, stamps: str, metrics: dict) -> None:
     from bench.load import Child
 
     env = ctx.env
     processes, e2e, rates, seconds = _phases(ctx)
-    metrics: dict = {}
     for w in processes:
         env.reset()
         child = Child(env, {"kind": "dispatch", "listen": True, "lease": LEASE_SECONDS})
         try:
-            with Workers(env, kind, ["delivery"], w):
+            with Workers(env, kind, ["delivery"], w, run_stamps=stamps):
                 producer = Proc(["bench.producer", json.dumps({"domain": "delivery"})], env.child_env())
                 try:
                     out = producer.run(60 + e2e / 20, count=e2e, rate=0, group=100)
@@ -159,7 +183,8 @@ def _ours(ctx: Context, kind: str) -> dict:
                         ids = list(committed)
                         _wait(lambda ids=ids: _ours_finished(ids) >= len(ids), 30 + count / 20)
                         started = _ours_times(ids, "started_at")
-                        lat = [(started[i] - committed[i]) * 1000 for i in ids if i in started]
+                        runs = _ours_runs(stamps, ids)
+                        lat = [(runs[i] - committed[i]) * 1000 for i in ids if i in runs]
                         _latency_metrics(metrics, w, r, lat, count)
                         # Where the wait is: commit -> marked dispatched (outbox hop), the rest is the worker hop.
                         dispatched = _ours_times(ids, "dispatched_at")
@@ -178,13 +203,12 @@ def _ours(ctx: Context, kind: str) -> dict:
                         metrics[f"w{w}_rq_to_start_p50_ms_at{int(r)}"] = rq_wait["p50"]
                         metrics[f"w{w}_rq_to_start_p99_ms_at{int(r)}"] = rq_wait["p99"]
                         points = {"commit": committed, "claimed": _ours_claimed(ids), "in_rq": in_rq}
-                        points.update(rq_start=_ours_rq_times(env, ids, "started_at"), start=started)
+                        points.update(rq_start=_ours_rq_times(env, ids, "started_at"), start=started, run=runs)
                         _ours_hops(points, metrics, w, r)
                 finally:
                     producer.stop()
         finally:
             child.stop()
-    return metrics
 
 
 # --- procrastinate ----------------------------------------------------------------

@@ -11,6 +11,7 @@ Each starts idle and counts as ready once all W have registered in RQ's worker s
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import tempfile
@@ -33,7 +34,17 @@ def pipeline_available() -> bool:
 
 
 class Workers:
-    def __init__(self, env, kind: str, queues: list[str], processes: int = 1, *, extra_env: dict | None = None):
+    def __init__(
+        self,
+        env,
+        kind: str,
+        queues: list[str],
+        processes: int = 1,
+        *,
+        extra_env: dict | None = None,
+        run_stamps: str | None = None,
+    ):
+        """``run_stamps``: a file the workers append "job_id time" to as each job's work begins (bench/site)."""
         if kind == "pipeline" and not pipeline_available():
             raise Unavailable("not available: dispatch_app.rqworker / manage.py runworkers are not in this checkout")
         if kind not in ("simple", "pipeline"):
@@ -43,6 +54,9 @@ class Workers:
         redis = env.redis()
         before = redis.scard("rq:workers")
         child_env = env.child_env(DISPATCH_PROVIDER_LATENCY_MS="0", **(extra_env or {}))
+        if run_stamps:
+            paths = [str(ROOT / "bench" / "site"), str(ROOT), child_env.get("PYTHONPATH", "")]
+            child_env.update(PF_BENCH_RUN_STAMPS=run_stamps, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         commands = (
             [["manage.py", "runworkers", "--queues", ",".join(queues), "--processes", str(processes)]]
             if kind == "pipeline"
