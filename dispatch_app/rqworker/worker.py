@@ -243,8 +243,9 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
                 return None
             start = self._record_start(popped)
             pending = self._fetcher.send_take(limit, popped, start)
-            # The job's start in PostgreSQL while Redis runs the take (prestart).
-            self._held = prestart.begin(self.name, popped[1], self._fetcher.queues[popped[0]].name)
+            if pending.error is None:
+                # The job's start in PostgreSQL while Redis runs the take (prestart).
+                self._held = prestart.begin(self.name, popped[1], self._fetcher.queues[popped[0]].name)
             try:
                 batch = pending.result()
             except (redis.ConnectionError, redis.TimeoutError):

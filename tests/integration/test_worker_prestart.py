@@ -190,3 +190,17 @@ def test_a_start_ahead_of_the_take_that_fails_leaves_the_start_to_the_job(idle_w
 
     idle_worker._run(taken)  # execute makes the start itself
     assert row(job) == ("succeeded", 1, True) and provider.deliveries == 1
+
+
+def test_a_take_that_cannot_be_sent_makes_no_start(idle_worker, monkeypatch):
+    job = submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()
+
+    def refused(args):
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(idle_worker._fetcher, "_send", refused)
+    with pytest.raises(redis.ConnectionError):
+        idle_worker._next(1, False)
+    assert row(job) == ("queued", 1, False)  # Redis is down: nothing started in PostgreSQL either
+    assert idle_worker._held is None and idle_worker._in_doubt is not None
