@@ -13,7 +13,7 @@ The project's path also has its dispatcher process (outbox -> RQ) and Redis.
 - latency at 100, 200 and 400 jobs/s for `peers_latency_s` seconds each, one
   transaction per 5 ms: commit (wall time right after the producer's commit
   returned) -> job start: the job function's first line for every system (ours: the
-  domain's ``work``, after the start compare-and-set, stamped by bench/site's hook;
+  domain's ``work``, after the start compare-and-set, stamped by the fault suite's ledger hook;
   procrastinate: the job function). Same host, same clock. Jobs not started within
   the wait are counted as missing. Ours is also split hop by hop (``_ours_hops``):
   commit -> claimed -> in RQ -> started in RQ -> started in PostgreSQL -> work begins.
@@ -112,11 +112,11 @@ def _ours_rq_times(env, ids: list[int], field: str) -> dict[int, float]:
 
 
 def _ours_runs(path: str, ids: list[int]) -> dict[int, float]:
-    """job id -> when its work began (bench/site/sitecustomize.py's stamps; the first one of a job)."""
+    """job id -> when its work began (the fault suite's ledger lines, bench.workers; a job's first)."""
     wanted, out = set(ids), {}
     with open(path) as stamps:
         for line in stamps:
-            job_id, at = line.split()
+            _domain, job_id, _attempt, _pid, at = line.split()
             if int(job_id) in wanted:
                 out.setdefault(int(job_id), float(at))
     return out

@@ -44,7 +44,8 @@ class Workers:
         extra_env: dict | None = None,
         run_stamps: str | None = None,
     ):
-        """``run_stamps``: a file the workers append "job_id time" to as each job's work begins (bench/site)."""
+        """``run_stamps``: a file the workers append a line to as each job's work begins: the fault suite's
+        ledger ("domain job attempt pid time", tests/acceptance/faults/site/sitecustomize.py)."""
         if kind == "pipeline" and not pipeline_available():
             raise Unavailable("not available: dispatch_app.rqworker / manage.py runworkers are not in this checkout")
         if kind not in ("simple", "pipeline"):
@@ -55,8 +56,9 @@ class Workers:
         before = redis.scard("rq:workers")
         child_env = env.child_env(DISPATCH_PROVIDER_LATENCY_MS="0", **(extra_env or {}))
         if run_stamps:
-            paths = [str(ROOT / "bench" / "site"), str(ROOT), child_env.get("PYTHONPATH", "")]
-            child_env.update(PF_BENCH_RUN_STAMPS=run_stamps, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+            site = ROOT / "tests" / "acceptance" / "faults" / "site"
+            paths = [str(site), str(ROOT), child_env.get("PYTHONPATH", "")]
+            child_env.update(PF_FAULTS_LEDGER=run_stamps, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         commands = (
             [["manage.py", "runworkers", "--queues", ",".join(queues), "--processes", str(processes)]]
             if kind == "pipeline"

@@ -360,7 +360,7 @@ def read_ledger(path: Path) -> Counter:
     if not path.exists():
         return counts
     for line in path.read_text().splitlines():
-        _domain, job_id, attempt, _pid = line.split()
+        _domain, job_id, attempt, _pid, _at = line.split()
         counts[(int(job_id), int(attempt))] += 1
     return counts
 

@@ -1,9 +1,11 @@
 """Test-only process instrumentation for the fault suite (on PYTHONPATH only in its child processes).
 
-PF_FAULTS_LEDGER=<file>   every execution of a domain's work appends "domain job attempt pid" to the file
+PF_FAULTS_LEDGER=<file>   every execution of a domain's work appends "domain job attempt pid time" to the file
                           (O_APPEND, one short write per line, so concurrent workers never interleave).
                           This is the count of side effects the suite checks; it wraps the domain's
                           ``work`` callable, the seam a real task would run, and changes nothing else.
+                          ``time`` (time.time() as the work begins) is what bench/peers.py reads: the
+                          benchmark puts this directory on its workers' PYTHONPATH too (bench/workers.py).
 PF_FAULTS_CLOCK_OFFSET=<s> the host clock of this process is off by <s> seconds: time.time(),
                           time.time_ns() and datetime.now()/utcnow()/today() are shifted (scenario 10).
 """
@@ -53,12 +55,13 @@ if _offset:
 _ledger = os.environ.get("PF_FAULTS_LEDGER")
 if _ledger:
     import dataclasses
+    import time
 
     from dispatch_app.domains import registry as _registry
 
     def _recording(domain_key, work):
         def recorded(ctx):
-            line = f"{domain_key} {ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode()
+            line = f"{domain_key} {ctx.job_id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n".encode()
             fd = os.open(_ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, line)
