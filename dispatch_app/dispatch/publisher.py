@@ -22,6 +22,7 @@ pipeline is still one round trip.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -63,6 +64,15 @@ class PermanentSendError(Exception):
 
 def rq_job_id(job_id: int, attempt: int) -> str:
     return f"pf-{job_id}-{attempt}"
+
+
+_RQ_JOB_ID = re.compile(r"pf-(\d+)-(\d+)")
+
+
+def parse_rq_job_id(rq_id: str) -> tuple[int, int] | None:
+    """(job id, attempt) of an RQ job id ``rq_job_id`` made; None for any other id."""
+    m = _RQ_JOB_ID.fullmatch(rq_id)
+    return (int(m[1]), int(m[2])) if m else None
 
 
 def redis_connection(url: str | None = None) -> redis.Redis:

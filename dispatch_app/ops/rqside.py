@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from django.conf import settings
 from django.db import connection
 
 from dispatch_app import redis_servers
+from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
 from dispatch_app.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
@@ -47,7 +47,6 @@ log = logging.getLogger("dispatch_app.ops.rqside")
 
 REDIS_TIMEOUT = 2.0
 WORKER_PREFIX = "rq:worker:"
-RQ_ID = re.compile(r"^pf-(\d+)-(\d+)$")
 # A PipelineWorker silent for this many of its heartbeat periods is not alive (one late beat is not death).
 SILENT_PERIODS = 2.5
 
@@ -64,11 +63,6 @@ def redis_conn(queue: str | None = None) -> redis.Redis:
 
 def queue_key(queue: str) -> str:
     return f"rq:queue:{queue}"
-
-
-def parse_rq_id(rq_id: str) -> tuple[int, int] | None:
-    m = RQ_ID.match(rq_id)
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _text(value) -> str:
@@ -212,7 +206,7 @@ class QueueInfo:
 
 def _head_ages(rq_ids: list[str]) -> dict[str, float]:
     """Seconds since each head job's envelope was dispatched, on the database clock."""
-    pairs = [p for p in (parse_rq_id(i) for i in rq_ids) if p]
+    pairs = [p for p in (parse_rq_job_id(i) for i in rq_ids) if p]
     if not pairs:
         return {}
     with connection.cursor() as cursor:

@@ -19,15 +19,12 @@ recovery knows that nothing ran then (recovery.decide).
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import Error
 
 log = logging.getLogger("dispatch_app.rqworker")
-
-_RQ_ID = re.compile(r"pf-(\d+)-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -49,13 +46,14 @@ def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
     """The job's start, made now; None for a job that is not the dispatcher's, not startable, or on an error
     (``execute`` then runs the start itself, as without this, and reports what it finds)."""
     from dispatch_app import prepared
+    from dispatch_app.dispatch.publisher import parse_rq_job_id
     from dispatch_app.transitions import start
     from dispatch_app.worker import _check
 
-    match = _RQ_ID.fullmatch(rq_id)
-    if match is None:
+    ours = parse_rq_job_id(rq_id)
+    if ours is None:
         return None
-    job_id, attempt = int(match[1]), int(match[2])
+    job_id, attempt = ours
     try:
         _check.before()
         with prepared.cursor() as cursor:
