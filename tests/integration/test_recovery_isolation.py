@@ -103,12 +103,15 @@ def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
         assert observer.dispatched_by(NOTIFY) == 1 and observer.dispatched_by(TICK) == 0
 
         # Dispatch no NOTIFY woke: an envelope that becomes claimable after its NOTIFY was spent,
-        # found when the claim said it falls due.
+        # found when the claim said it falls due (or by the tick that runs at that moment).
         wake.tick_seconds = 0.05
         second = submit("workflow", PAYLOADS["workflow"], available_at=timedelta(seconds=0.3))
         wait_until(lambda: Job.objects.get(pk=second.pk).status == "queued", SAFETY, message="due-woken dispatch")
         wait_until(lambda: observer.dispatched_by() == 2, SAFETY, message="the drain's result")
-        assert observer.dispatched_by(DUE) == 1
+        # Which wake found it is not this test's subject (test_due_wake's is): on a slow host a 50 ms tick's
+        # drain can straddle the due time and claim it first. Either way no NOTIFY woke it.
+        assert observer.dispatched_by(DUE) + observer.dispatched_by(TICK) == 1
+        assert observer.dispatched_by(NOTIFY) == 1
 
         others = [d for d in domain_keys() if d != HELD]
         wait_until(lambda: all(rounds_after_hold[d] >= 2 for d in others), SAFETY, message="other domains' rounds")
