@@ -41,12 +41,15 @@ NAME = "peers"
 LEASE_SECONDS = 30.0
 # (metric name, from, to) of _ours_hops; each point is already stamped by the step itself.
 HOPS = (
-    ("commit_to_claimed", "commit", "claimed"),  # NOTIFY, wake, the claim statement (DB clock)
-    ("claimed_to_in_rq", "claimed", "in_rq"),  # the claim's reply, the send's pipeline built (job hash enqueued_at)
+    # NOTIFY, the wake, the send's pipeline built (job hash enqueued_at); an envelope the NOTIFY named is sent
+    # before its claim (dispatch.announced), others after it
+    ("commit_to_in_rq", "commit", "in_rq"),
     ("in_rq_to_rq_start", "in_rq", "rq_start"),  # the send's round trip, the worker's blocking pop (RQ started_at)
     ("rq_start_to_start", "rq_start", "start"),  # the take script sent, the CAS sent (prestart: both in flight)
     ("start_to_run", "start", "run"),  # the CAS's commit, the take's reply, the job restored, the work's first line
 )
+# Beside the path: when the claim ran (DB clock), after the send for an announced envelope.
+CLAIM = ("commit_to_claimed", "commit", "claimed")
 VARIANTS = ["productflow", "productflow-simpleworker", "procrastinate"]
 KINDS = {"productflow": "pipeline", "productflow-simpleworker": "simple"}
 
@@ -138,7 +141,7 @@ def _ours_claimed(ids: list[int]) -> dict[int, float]:
 def _ours_hops(points: dict[str, dict[int, float]], metrics: dict, w: int, r: float) -> None:
     """Commit -> start, hop by hop (HOPS), from ``points``: point name -> job id -> time. Each point is the
     record its step itself writes, none added for the bench; one host here, so one clock."""
-    for name, start, end in HOPS:
+    for name, start, end in (*HOPS, CLAIM):
         first, then = points[start], points[end]
         hop = summarize([(then[i] - first[i]) * 1000 for i in first if i in then])
         metrics[f"w{w}_{name}_p50_ms_at{int(r)}"] = hop["p50"]
@@ -163,6 +166,8 @@ def _ours_phases(ctx: Context, kind: str, stamps: str, metrics: dict) -> None:
     processes, e2e, rates, seconds = _phases(ctx)
     for w in processes:
         env.reset()
+        # The reset starts job ids from 1 again: the previous W's stamps would be read as this one's.
+        open(stamps, "w").close()
         child = Child(env, {"kind": "dispatch", "listen": True, "lease": LEASE_SECONDS})
         try:
             with Workers(env, kind, ["delivery"], w, run_stamps=stamps):
