@@ -92,6 +92,12 @@ SPECS: dict[str, _Spec] = {
         "prepared statements; set False behind PgBouncer in transaction mode older than 1.21 "
         "(dispatch_app.prepared)",
     ),
+    "SEND_ANNOUNCED": _Spec(
+        True,
+        bool,
+        doc="an idle dispatcher sends the envelopes a small insert names in its NOTIFY before claiming them, "
+        "taking the claim's round trip off the job's path; False claims first (dispatch_app.dispatch.announced)",
+    ),
     "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
     "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
@@ -143,6 +149,7 @@ class DispatchSettings:
     LISTEN_DEAD_AFTER: float
     NOTIFY_ARM_LEASE: float
     PREPARED_STATEMENTS: bool
+    SEND_ANNOUNCED: bool
     PAYLOAD_MAX_BYTES: int
     RQ_JOB_TIMEOUT: int
     RQ_RESULT_TTL: int

@@ -103,9 +103,23 @@ _ANNOUNCE_IF_NEEDED = (
     "IF current_setting('transaction_isolation') <> 'read committed' OR EXISTS ("
     "SELECT 1 FROM dispatch_app_notifyarm WHERE armed_until > statement_timestamp()) THEN "
 )
+# A small insert (a submit, a worker's retry) announces its envelopes themselves, as
+# "+" and a JSON list of [envelope id, job id, attempt, domain, queue]: an idle
+# dispatcher sends them to RQ at once and claims them after (dispatch.announced),
+# so the claim's round trip is off the job's path. Only envelopes claimable now and
+# of a domain not paused; the rest (delayed, paused, a big insert) are announced by
+# domain as before: "worth a scan". Either way the table stays the record.
+ANNOUNCE_MAX_ROWS = 8
 _NOTIFY_INSERTED = (
-    _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) "
-    "FROM (SELECT DISTINCT domain FROM new_rows WHERE status = 'pending') d; END IF; RETURN NULL;"
+    _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', x.payload) FROM ("
+    " WITH pending AS (SELECT id, job_id, attempt, domain, queue,"
+    f"  (SELECT count(*) FROM new_rows) <= {ANNOUNCE_MAX_ROWS} AND available_at <= clock_timestamp()"
+    "  AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause) AS listed"
+    "  FROM new_rows WHERE status = 'pending')"
+    " SELECT '+' || json_agg(json_build_array(id, job_id, attempt, domain, queue) ORDER BY id) AS payload"
+    " FROM pending WHERE listed HAVING count(*) > 0"
+    " UNION ALL SELECT DISTINCT domain FROM pending WHERE NOT listed"
+    ") x; END IF; RETURN NULL;"
 )
 # Work that became claimable now without an INSERT: re-armed to pending (admin,
 # recovery), a lease given back (shutdown), made due now (admin), or a failed
@@ -167,7 +181,7 @@ class DispatchEnvelope(models.Model):
         ]
         triggers = [
             pgtrigger.Trigger(
-                name="envelope_notify_insert_v2",
+                name="envelope_notify_insert_v3",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,

@@ -28,6 +28,7 @@ from django.db import connection as django_connection
 from psycopg import pq
 
 from dispatch_app.conf import NOTIFY_CHANNEL, DispatchSettings
+from dispatch_app.dispatch import announced
 from dispatch_app.dispatch.arming import Arming
 from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, Wake
 
@@ -94,6 +95,7 @@ class Listener:
         self.ping_started: float | None = None  # clock() when the ping in flight was sent
         self.conn = None
         self.pings = 0
+        self.bad_payloads = 0
         # Conditional NOTIFY: the dispatcher sharing this wake arms only while we listen.
         if wake.arming is None:
             wake.arming = Arming(
@@ -157,8 +159,9 @@ class Listener:
             while not self.stop.is_set():
                 got = 0
                 # stop_after=1: wake the dispatcher at the first notification, not at the timeout.
-                for _ in conn.notifies(timeout=_STOP_CHECK_SECONDS, stop_after=1):
+                for note in conn.notifies(timeout=_STOP_CHECK_SECONDS, stop_after=1):
                     got += 1
+                    self._hand_over(note.payload)
                 if got:
                     self.notifications += got
                     self.wake.set(NOTIFY)
@@ -167,6 +170,18 @@ class Listener:
                     # An idle connection can die silently (NAT, failover); a ping finds out.
                     self.ping(conn)
                     idle_since = self.clock()
+
+    def _hand_over(self, payload: str) -> None:
+        """The envelopes a writer named (dispatch.announced), for the loop to send before it claims them."""
+        try:
+            envelopes = announced.parse(payload)
+        except announced.BadAnnouncement as exc:
+            # Nothing is lost: the claim that follows the wake finds the envelopes in the table.
+            self.bad_payloads += 1
+            log.warning("%s", exc, extra={"action": "listener_bad_payload", "domain": "dispatch"})
+            return
+        if envelopes:
+            self.wake.announced.extend(envelopes)
 
     def ping(self, conn) -> None:
         """``SELECT 1`` with a deadline: psycopg's own wait has none, and a dead peer never answers."""

@@ -27,8 +27,9 @@ from django.db import connection
 
 from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings, check_lease
-from dispatch_app.dispatch import claim, outage
-from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
+from dispatch_app.dispatch import announced, claim, outage
+from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker, outage_reason
+from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
@@ -60,6 +61,7 @@ class DrainResult:
     released: int = 0
     lost_lease: int = 0
     unannounced: int = 0  # first sends found by a tick-triggered scan: a missed wake-up
+    sent_ahead: int = 0  # claimed after their send: a writer named them in its NOTIFY (dispatch.announced)
     outage_released: int = 0  # given back uncounted: Redis as a whole refused (never dead-lettered)
     outage: str = ""  # why Redis as a whole refused this drain's sends (breaker.outage_reason), if it did
     # The breaker after this drain (set by run_once, for the heartbeat and the metrics).
@@ -86,6 +88,7 @@ class DrainResult:
             "released",
             "lost_lease",
             "unannounced",
+            "sent_ahead",
             "outage_released",
             "connect_seconds",
             "claim_seconds",
@@ -124,6 +127,8 @@ class DispatchLoop:
         self._clock = clock
         # When the last claim said the next pending envelope falls due (loop clock), or None.
         self._due_at: float | None = None
+        # Envelope id -> attempt, sent before their claim in this drain (dispatch.announced).
+        self._sent_ahead: dict[int, int] = {}
         # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
         self.breakers: dict[str, CircuitBreaker] = {}
         for server in self.publisher.servers():
@@ -176,6 +181,7 @@ class DispatchLoop:
         """
         total = DrainResult(trigger=trigger)
         self.scans += 1
+        self._send_announced()
         # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
         if not [breaker.allow() for breaker in self.breakers.values()].count(True):
             total.paused = True
@@ -201,9 +207,59 @@ class DispatchLoop:
                 total.add(self._record(result, record))
                 break
         finally:
+            # Sent ahead but not claimed here (a peer claimed them, or this drain stopped): whoever claims them
+            # sends them again, which RQ's create-if-absent script makes a no-op.
+            self._sent_ahead.clear()
             if in_flight is not None:
                 total.add(in_flight.result())
         return self._report(total)
+
+    def _send_announced(self) -> None:
+        """Send the envelopes writers named in their NOTIFY now; the claim that follows marks them."""
+        envelopes = announced.take(self.wake.announced)
+        if not envelopes or not self.conf.SEND_ANNOUNCED or self.stop.is_set():
+            return
+        per_server: dict[str, list[Claimed]] = {}
+        for envelope in envelopes:
+            try:
+                self.publisher.check(envelope)
+            except PermanentSendError:
+                continue  # the claim dead-letters it with the reason
+            server = self.publisher.server(envelope.queue)
+            # A paused or probing server gets nothing ahead of its breaker.
+            if self._breaker(server).state == CLOSED:
+                per_server.setdefault(server, []).append(envelope)
+        size = self.conf.SEND_CHUNK_SIZE
+        for server, ahead in per_server.items():
+            for start in range(0, len(ahead), size):
+                chunk = ahead[start : start + size]
+                try:
+                    sent = self.publisher.send(chunk)
+                except Exception as exc:  # noqa: BLE001 - unsent: the claim sends them as it always did
+                    self._ahead_failed(server, exc)
+                    break
+                failed = {envelope.envelope_id for envelope, _ in sent.failed}
+                self._sent_ahead.update((e.envelope_id, e.attempt) for e in chunk if e.envelope_id not in failed)
+
+    def _ahead_failed(self, server: str, exc: BaseException) -> None:
+        reason = outage_reason(exc)
+        error = f"{type(exc).__name__}: {exc}"
+        if reason is None:
+            log.info(
+                "announced envelopes not sent ahead of their claim (%s); the claim sends them",
+                error,
+                extra={"action": "send_ahead_failed", "domain": "dispatch"},
+            )
+            return
+        # Redis as a whole refuses: the breaker pauses dispatch now rather than after the claim's send times out.
+        self._breaker(server).failed(reason, error)
+        log.warning(
+            "dispatch paused: %s (%s) on %s; nothing claimed",
+            reason,
+            error,
+            redis_servers.label(server),
+            extra={"action": "dispatch_paused", "domain": "dispatch"},
+        )
 
     def _collect(self, total: DrainResult, previous: Future, result: DrainResult, record) -> None:
         """Add batch N's written results; if writing them failed, still write batch N+1's, then raise.
@@ -312,6 +368,14 @@ class DispatchLoop:
                 sendable.append(envelope)
             except PermanentSendError as exc:
                 record.permanent.append((envelope, str(exc)))
+
+        ahead = self._sent_ahead
+        if ahead:
+            done = {e.envelope_id for e in sendable if ahead.get(e.envelope_id) == e.attempt}
+            if done:
+                sendable = [e for e in sendable if e.envelope_id not in done]
+                record.sent_ids.extend(done)
+                result.sent_ahead = len(done)
 
         server_of = self.publisher.server
         batch_chunks = chunks(

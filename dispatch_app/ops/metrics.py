@@ -51,6 +51,11 @@ class DispatchMetrics:
             "Never-sent envelopes found by a tick-triggered scan: work no NOTIFY announced.",
             registry=r,
         )
+        self.sent_ahead = Counter(
+            "productflow_envelopes_sent_ahead",
+            "Envelopes sent to RQ before their claim: a NOTIFY named them (dispatch.announced).",
+            registry=r,
+        )
         self.listener_reconnects = Counter(
             "productflow_listener_reconnects", "LISTEN connection losses (each followed by a reconnect).", registry=r
         )
@@ -112,6 +117,7 @@ class DispatchMetrics:
         self.send_failures.inc(result.failed + result.dead)
         self.dead.inc(result.dead)
         self.missed_wakeups.inc(result.unannounced)
+        self.sent_ahead.inc(getattr(result, "sent_ahead", 0))
         for latency in getattr(result, "latencies", ()):
             self.latency.observe(max(0.0, latency))
         self.connection_wait.observe(getattr(result, "connect_seconds", 0.0))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 NOTIFY = "notify"
 TICK = "tick"
@@ -29,6 +30,8 @@ POLL = "poll"
 # submit, a backoff, a lease that ran out): time passing announces nothing.
 DUE = "due"
 
+ANNOUNCED_MAX = 1000
+
 
 class Wake:
     def __init__(self) -> None:
@@ -38,6 +41,10 @@ class Wake:
         # Installed by the listener (dispatch_app.dispatch.arming.Arming): only a
         # dispatcher that hears NOTIFY has a reason to ask writers for it.
         self.arming = None
+        # Envelopes a writer named in its NOTIFY, from the listener to the loop (dispatch.announced); deque
+        # appends and pops are thread-safe. The bound only matters if the loop stalls: the oldest are dropped,
+        # and the claim finds them.
+        self.announced: deque = deque(maxlen=ANNOUNCED_MAX)
 
     def set(self, reason: str = NOTIFY) -> None:
         with self._cond:

@@ -8,12 +8,14 @@ their ``available_at`` into the past where the clock would have.
 import pytest
 
 from dispatch_app import submit_many
+from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.ops.heartbeat import HeartbeatTracker
 from dispatch_app.ops.metrics import DispatchMetrics
 from dispatch_app.ops.wiring import FanOut
+from dispatch_app.runtime.wake import NOTIFY
 from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import DrainLog, loop_settings
@@ -147,3 +149,25 @@ def test_after_a_refusal_the_batchs_other_chunks_are_not_sent(private_redis):
         loop.close()
     assert (result.claimed, result.outage_released, result.released, publisher.sends) == (6, 6, 0, 1)
     assert set(DispatchEnvelope.objects.values_list("status", "send_attempts", "lease_token")) == {("pending", 0, None)}
+
+
+def test_a_refusal_met_sending_ahead_pauses_dispatch_before_anything_is_claimed(private_redis):
+    """An announced envelope (dispatch.announced) sent ahead of its claim into a refusing Redis: the breaker
+    opens there, so the claim does not wait out the same refusal and nothing is claimed or counted."""
+    conf = loop_settings(BATCH_SIZE=5, SEND_CHUNK_SIZE=5, MAX_SEND_ATTEMPTS=1)
+    redis = private_redis.client()
+    redis.config_set("maxmemory-policy", "noeviction")
+    redis.config_set("maxmemory", 1)
+    [job] = submit_many([("delivery", PAYLOADS["delivery"])])
+    envelope = DispatchEnvelope.objects.get(job=job)
+    publisher = CountingPublisher(conf, redis)
+    loop = DispatchLoop(conf, publisher=publisher, clock=Clock())
+    loop.wake.announced.append(Claimed(envelope.id, job.id, 1, "delivery", envelope.queue, 0, True))
+    try:
+        result = loop.run_once(NOTIFY)
+    finally:
+        loop.close()
+    assert result.paused and "OOM" in loop.breaker.reason
+    assert (publisher.sends, result.claimed, result.dead) == (1, 0, 0)
+    envelope.refresh_from_db()
+    assert (envelope.status, envelope.send_attempts, envelope.lease_token) == ("pending", 0, None)

@@ -14,7 +14,10 @@ from django.db import transaction
 
 from dispatch_app import submit, submit_many
 from dispatch_app.conf import NOTIFY_CHANNEL, dispatch_settings
+from dispatch_app.dispatch import announced
+from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.listener import Listener, listener_conninfo
+from dispatch_app.models import ANNOUNCE_MAX_ROWS, DispatchEnvelope, DomainPause
 from dispatch_app.runtime.wake import CATCH_UP, HANDOVER, NOTIFY, Wake
 from tests.factories import PAYLOADS
 
@@ -64,12 +67,36 @@ def received_until_sentinel(conn) -> list[str]:
 
 def test_nothing_before_commit_then_one_notification_per_domain_after(armed, listen, sentinel):
     with transaction.atomic():
-        submit_many([("delivery", PAYLOADS["delivery"])] * 3 + [("workflow", PAYLOADS["workflow"])])
+        # More than a small insert: announced by domain, not envelope by envelope.
+        submit_many([("delivery", PAYLOADS["delivery"])] * ANNOUNCE_MAX_ROWS + [("workflow", PAYLOADS["workflow"])])
         sentinel()
         assert received_until_sentinel(listen) == [SENTINEL]
     sentinel()
     # Identical payloads within one transaction are merged: one per domain.
     assert sorted(received_until_sentinel(listen)) == sorted(["delivery", "workflow", SENTINEL])
+
+
+def _as_announced(jobs) -> list[Claimed]:
+    envelopes = DispatchEnvelope.objects.filter(job__in=jobs).order_by("id")
+    return [Claimed(e.id, e.job_id, e.attempt, e.domain, e.queue, 0, True) for e in envelopes]
+
+
+def test_a_small_insert_names_its_envelopes_in_one_payload(armed, listen, sentinel):
+    jobs = submit_many([("delivery", PAYLOADS["delivery"]), ("workflow", PAYLOADS["workflow"])])
+    sentinel()
+    payload, end = received_until_sentinel(listen)
+    assert end == SENTINEL and payload.startswith(announced.PREFIX)
+    assert announced.parse(payload) == _as_announced(jobs)
+
+
+def test_a_paused_domains_envelope_is_announced_by_domain_only(armed, listen, sentinel):
+    DomainPause.objects.create(domain="workflow")
+    jobs = submit_many([("delivery", PAYLOADS["delivery"]), ("workflow", PAYLOADS["workflow"])])
+    sentinel()
+    got = received_until_sentinel(listen)
+    [listed] = [p for p in got if p.startswith(announced.PREFIX)]
+    assert announced.parse(listed) == _as_announced(jobs[:1])
+    assert sorted(p for p in got if p != listed) == sorted(["workflow", SENTINEL])
 
 
 def test_nothing_after_rollback(armed, listen, sentinel):
@@ -103,9 +130,16 @@ def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
         # The dispatcher goes idle: it arms (dispatch.arming) and scans once more.
         wake.arming.arm()
         assert wake.wait(0) == HANDOVER
-        submit("delivery", PAYLOADS["delivery"])
+        job = submit("delivery", PAYLOADS["delivery"])
         assert wake.wait(10) == NOTIFY
         assert listener.notifications == 1
+        # The envelope the commit named is handed to the loop with the wake (dispatch.announced).
+        assert announced.take(wake.announced) == _as_announced([job])
+        # A payload that starts like a list but is not one: said so, and the wake still comes.
+        with psycopg.connect(autocommit=True, **listener_conninfo()) as conn:
+            conn.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, "+[[1, 2]"])
+        assert wake.wait(10) == NOTIFY
+        assert (listener.notifications, listener.bad_payloads, list(wake.announced)) == (2, 1, [])
     finally:
         stop.set()
         assert listener.join(10)

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from dispatch_app import submit
+from dispatch_app.dispatch.announced import parse
 from dispatch_app.dispatch.arming import DISARM_AT_CLAIMED, REARM_AT_CLAIMED, Arming
 from dispatch_app.dispatch.listener import Listener, listener_conninfo
 from dispatch_app.dispatch.loop import DispatchLoop
@@ -132,8 +133,13 @@ def status(job) -> str:
 
 
 def announced(listen, sentinel) -> list[str]:  # noqa: F811
+    """The domains the commits so far announced: one per envelope a payload names (dispatch.announced)."""
     sentinel()
-    return received_until_sentinel(listen)[:-1]
+    got = []
+    for payload in received_until_sentinel(listen)[:-1]:
+        named = parse(payload)
+        got.extend([e.domain for e in named] if named else [payload])
+    return got
 
 
 def test_with_no_dispatcher_armed_a_commit_announces_nothing(listen, sentinel):  # noqa: F811
