@@ -254,7 +254,7 @@ class DispatchLoop:
         # Redis as a whole refuses: the breaker pauses dispatch now rather than after the claim's send times out.
         self._breaker(server).failed(reason, error)
         log.warning(
-            "dispatch paused: %s (%s) on %s; nothing claimed",
+            "dispatch paused: %s (%s) on %s; its envelopes wait for the probe, uncounted",
             reason,
             error,
             redis_servers.label(server),
