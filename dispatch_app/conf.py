@@ -20,6 +20,7 @@ from dispatch_app.recovery.policy import validate_overrides
 from dispatch_app.values import coerce_number
 
 __all__ = [
+    "ANNOUNCE_PREFIX",
     "NOTIFY_CHANNEL",
     "SPECS",
     "DispatchSettings",
@@ -31,6 +32,8 @@ __all__ = [
 
 # Versioned so the SQL trigger and the listener can evolve together.
 NOTIFY_CHANNEL = "productflow_dispatch_v1"
+# A NOTIFY payload naming envelopes starts with this (models._NOTIFY_INSERTED writes it, dispatch.announced reads it).
+ANNOUNCE_PREFIX = "+"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from django.db import models
 from django.db.models import Q
 
 from dispatch_app import history_triggers
-from dispatch_app.conf import NOTIFY_CHANNEL
+from dispatch_app.conf import ANNOUNCE_PREFIX, NOTIFY_CHANNEL
 from dispatch_app.dbtime import ClockTimestamp
 
 
@@ -116,7 +116,8 @@ _NOTIFY_INSERTED = (
     f"  (SELECT count(*) FROM new_rows) <= {ANNOUNCE_MAX_ROWS} AND available_at <= clock_timestamp()"
     "  AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause) AS listed"
     "  FROM new_rows WHERE status = 'pending')"
-    " SELECT '+' || json_agg(json_build_array(id, job_id, attempt, domain, queue) ORDER BY id) AS payload"
+    f" SELECT '{ANNOUNCE_PREFIX}' || json_agg(json_build_array(id, job_id, attempt, domain, queue) ORDER BY id)"
+    " AS payload"
     " FROM pending WHERE listed HAVING count(*) > 0"
     " UNION ALL SELECT DISTINCT domain FROM pending WHERE NOT listed"
     ") x; END IF; RETURN NULL;"

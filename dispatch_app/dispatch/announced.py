@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 from collections import deque
 
+from dispatch_app.conf import ANNOUNCE_PREFIX
 from dispatch_app.dispatch.claim import Claimed
 
-PREFIX = "+"
+PREFIX = ANNOUNCE_PREFIX
 
 
 class BadAnnouncement(ValueError):
