@@ -3,7 +3,8 @@
 Every loop of the dispatcher has the same shape: a stop signal it checks, a
 ``wait()`` that returns why it woke, a ``run_once(reason)`` that tests and
 one-shot commands call directly, and errors logged with a stable action name
-and the loop's domain, followed by a bounded backoff instead of a dead thread.
+and the loop's domain, followed by a bounded backoff instead of a dead thread,
+after which the failed step is run again: its wake was spent on it.
 """
 
 from __future__ import annotations
@@ -60,9 +61,16 @@ class LoopRunner:
 
     def _run(self) -> None:
         backoff = self.error_backoff
+        retry: str | None = None
         try:
             while not self.stop.is_set():
-                trigger = self.loop.wait()
+                if retry is not None:
+                    # The wake that asked for the failed step was taken by it: waiting for another would leave
+                    # the work it announced until the next tick (a PostgreSQL restart: the listener's catch-up
+                    # wake met a connection the restart had killed).
+                    trigger, retry = retry, None
+                else:
+                    trigger = self.loop.wait()
                 if self.stop.is_set():
                     break
                 # A connection killed while we slept is replaced, not reused.
@@ -86,6 +94,7 @@ class LoopRunner:
                     connections.close_all()
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)
+                    retry = trigger
                     continue
                 backoff = self.error_backoff
                 self.rounds += 1

@@ -3,18 +3,20 @@
 import threading
 
 import pytest
+from django.db import connection
 from rq import Queue
 from rq.serializers import JSONSerializer
 
 from dispatch_app import submit, submit_many
+from dispatch_app.dbcheck import ConnectionCheck
 from dispatch_app.dispatch.claim import claim_batch
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope, EnvelopeStatus, Job, JobStatus
 from dispatch_app.runtime.runner import LoopRunner
-from dispatch_app.runtime.wake import NOTIFY, STOP
+from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, STOP
 from tests.factories import PAYLOADS
-from tests.integration.loop_kit import DrainLog, HeldPublisher, ObservedWake, loop_settings
+from tests.integration.loop_kit import NEVER, DrainLog, HeldPublisher, ObservedWake, loop_settings
 
 B = 5
 
@@ -30,14 +32,14 @@ def queued_in_redis(redis_conn) -> int:
 class Running:
     """A LoopRunner thread around a DispatchLoop, stopped and joined at the end."""
 
-    def __init__(self, redis_conn, publisher_class=Publisher):
+    def __init__(self, redis_conn, publisher_class=Publisher, **runner_options):
         self.conf = loop_settings(BATCH_SIZE=B)
         self.wake = ObservedWake()
         self.stop = threading.Event()
         self.log = DrainLog()
         self.publisher = publisher_class(self.conf, redis_conn)
         self.loop = DispatchLoop(self.conf, wake=self.wake, stop=self.stop, observer=self.log, publisher=self.publisher)
-        self.runner = LoopRunner(self.loop, self.stop)
+        self.runner = LoopRunner(self.loop, self.stop, **runner_options)
 
     def __enter__(self):
         self.runner.start()
@@ -129,3 +131,30 @@ def test_after_stop_no_new_batch_starts_and_unsent_envelopes_are_given_back(redi
     assert all(e.lease_token is None and e.send_attempts == 0 for e in pending)
     assert len(claim_batch(2 * B, 30).envelopes) == 2 * B - 1
     assert queued_in_redis(redis_conn) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wake_spent_on_a_connection_the_server_killed_is_not_lost(redis_conn):
+    """A PostgreSQL restart kills the loop's idle connection (checked only after an idle spell, as the
+    supervisor runs it), and the listener's one catch-up wake then meets it: the failed drain is run again
+    after the backoff, not left for the tick (an hour here)."""
+    delivery_jobs(1)
+    with Running(redis_conn, db_check=ConnectionCheck(interval=NEVER), error_backoff=0.01) as run:
+        run.wake.idle.wait_for(1)
+        run.wake.set(NOTIFY)
+        run.log.drains.wait_for(1)
+        run.wake.idle.wait_for(2)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] >= 1  # the loop's connection, and the marker's if it has one
+        delivery_jobs(2)
+        run.wake.set(CATCH_UP)
+        run.log.drains.wait_for(2)
+        assert run.runner.errors == 1
+        assert run.wake.signals == 2
+    assert [(d.trigger, d.dispatched) for d in run.log.results] == [(NOTIFY, 1), (CATCH_UP, 2)]
+    assert set(DispatchEnvelope.objects.values_list("status", flat=True)) == {EnvelopeStatus.DISPATCHED}
+    assert queued_in_redis(redis_conn) == 3
