@@ -6,9 +6,15 @@ Supervisor), then ``attach`` once the loops are known.
 
 from __future__ import annotations
 
+import logging
+
+from django.db import InterfaceError, OperationalError, connection
+
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.ops.heartbeat import HeartbeatLoop, HeartbeatTracker
 from dispatch_app.ops.retention import RetentionLoop
+
+log = logging.getLogger("dispatch_app.ops")
 
 
 class FanOut:
@@ -58,7 +64,17 @@ class Ops:
         self.heartbeat = HeartbeatLoop(
             self.conf, self.heartbeats, supervisor.stop, listener=supervisor.listener, observer=self.observer
         )
-        self.heartbeat.register()
+        try:
+            self.heartbeat.register()
+        except (OperationalError, InterfaceError) as exc:
+            # The process's first statement: PostgreSQL restarting must not end it here. The start-up check that
+            # follows waits the outage out (or names a database that cannot be right), and the first beat registers.
+            connection.close()
+            log.warning(
+                "database unavailable at start-up (%s); the process registers at its first heartbeat",
+                " ".join(str(exc).split()),
+                extra={"action": "heartbeat_register_deferred", "domain": "ops"},
+            )
         supervisor.add_loop(self.heartbeat, domain="ops")
         supervisor.add_loop(RetentionLoop(self.conf, supervisor.stop), domain="ops")
         supervisor.closers.append(self.heartbeat.mark_stopped)

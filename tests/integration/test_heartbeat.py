@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -94,3 +95,30 @@ def test_a_running_supervisor_writes_heartbeats_for_its_loops(redis_conn):
         assert supervisor.join(10) == []
         supervisor.close()
     assert DispatcherProcess.objects.get(pk=process_id).stopped_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_away_at_start_up_defers_the_registration_to_the_first_beat(redis_conn, caplog):
+    """Registering is a new dispatcher's first statement (before its start-up check): PostgreSQL restarting then
+    must not end the process. Found by scenario 41 (a crash during a dispatcher's start)."""
+    from dispatch_app.runtime import assembly
+
+    settings = connection.settings_dict
+    port = settings["PORT"]
+    connection.close()
+    settings["PORT"] = 1  # nothing listens: refused, as while PostgreSQL restarts
+    try:
+        supervisor = assembly.build(dispatch_settings(), {"no_listen": True, "no_recovery": True})
+    finally:
+        settings["PORT"] = port
+    try:
+        beat = supervisor.ops.heartbeat
+        assert beat.process_id is None
+        assert [r.action for r in caplog.records if getattr(r, "domain", "") == "ops"] == [
+            "heartbeat_register_deferred"
+        ]
+        assert not DispatcherProcess.objects.exists()
+        beat.run_once()
+        assert DispatcherProcess.objects.filter(pk=beat.process_id, pid=os.getpid()).exists()
+    finally:
+        supervisor.close()

@@ -15,6 +15,8 @@ def main() -> None:
     import django
 
     django.setup()
+    from django.db import close_old_connections
+
     from dispatch_app.outbox import JobSpec, submit_many
 
     def payload(domain: str, prefix: str, index: int) -> dict:
@@ -26,6 +28,8 @@ def main() -> None:
 
     for line in sys.stdin:
         request = json.loads(line)
+        # As a web request would: a session a server restart killed is replaced, not failed on again.
+        close_old_connections()
         try:
             delay = timedelta(seconds=request["delay"]) if request.get("delay") else None
             ids = []

@@ -39,7 +39,7 @@ from collections import Counter
 
 import pytest
 
-from tests.acceptance.faults import invariants
+from tests.acceptance.faults import invariants, vendor_ledger
 from tests.acceptance.faults.infra import record_figures
 from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 from tests.helpers import wait_until
@@ -47,7 +47,6 @@ from tests.helpers import wait_until
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(600)]
 
 DOMAINS = ("image_series", "partial_edit", "agent", "workflow", "delivery")
-NOT_RETRY_SAFE = ("image_series", "partial_edit", "agent")
 PAYLOADS = {
     "image_series": lambda i: {"product_id": f"p{i}", "prompt": f"shot {i}", "count": 3, "size": 8},
     "agent": lambda i: {"goal": f"caption {i}", "max_steps": 3},
@@ -219,29 +218,8 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
     for proc in dispatchers:
         assert proc.stop() == 0, proc.output()[-4000:]
 
-    # --- the vendor-call ledger ---------------------------------------------
-    ledger = {
-        request_id: (job_id, seq, domain)
-        for request_id, job_id, seq, domain in stack.sql(
-            "SELECT v.request_id, v.job_id, v.seq, j.domain FROM dispatch_app_vendorcall v "
-            "JOIN dispatch_app_job j ON j.id = v.job_id"
-        )
-    }
-    lines = [line.split() for line in call_log.read_text().splitlines()] if call_log.exists() else []
-    # delivery's calls carry no request id ("-"): retry-safe by contract, so the ledger does not record them.
-    deliveries = [line for line in lines if line[0] == "deliver" and line[1] == "-"]
-    reached = [(op, request_id, outcome) for op, request_id, outcome, _pid in lines if request_id != "-"]
-    assert deliveries and len(deliveries) + len(reached) == len(lines), "only delivery calls go unrecorded"
-    unrecorded = [r for r in reached if r[1] not in ledger]
-    assert not unrecorded, f"vendor calls made without a ledger record: {unrecorded[:5]}"
-    took_effect = Counter(ledger[request_id] for _op, request_id, outcome in reached if outcome == "succeeded")
-    repeated = {key: n for key, n in took_effect.items() if n > 1 and key[2] in NOT_RETRY_SAFE}
-    assert not repeated, f"non-retry-safe vendor calls that took effect more than once: {repeated}"
-
-    # --- documented bounded states only -------------------------------------
-    unknown = stack.sql("SELECT domain, error FROM dispatch_app_job WHERE status = 'outcome_unknown'")
-    for domain, error in unknown:
-        assert "cannot be asked" in error or "trust bound" in error, (domain, error)
+    calls = vendor_ledger.check(stack, call_log)
+    unknown = vendor_ledger.bounded_unknowns(stack)
     failed = stack.sql("SELECT domain, error FROM dispatch_app_job WHERE status = 'failed'")
 
     report = invariants.check_stack(stack, expected_jobs=len(jobs), expect_status=None)
@@ -249,7 +227,7 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
     by_status = report.by_status
     assert by_status.get("succeeded", 0) >= len(jobs) // 2, by_status
     # The scenario did bite: every kind of fault happened, and vendor failures and recovery happened too.
-    vendor_failures = sum(1 for _op, _r, outcome in reached if outcome == "failed")
+    vendor_failures = calls.failures
     events = dict(stack.sql("SELECT kind, count(*) FROM dispatch_app_jobevent GROUP BY 1"))
     assert vendor_failures and backends_terminated and events.get("recovery_redispatch"), (
         vendor_failures,
@@ -264,8 +242,8 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
         faults=dict(done),
         worker_kills_with_a_job_running=mid_job_kills,
         backends_terminated=backends_terminated,
-        vendor_calls_reached=len(reached),
-        delivery_calls=len(deliveries),
+        vendor_calls_reached=len(calls.reached),
+        delivery_calls=calls.deliveries,
         vendor_failures=vendor_failures,
         repeated_non_retry_safe_calls=0,
         jobs_left_unfinished=unfinished,
