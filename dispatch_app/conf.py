@@ -61,6 +61,14 @@ SPECS: dict[str, _Spec] = {
         3600,
         "a worker and the dispatch loop health-check their PostgreSQL connection after an error or this long idle (s)",
     ),
+    "WORKER_DB_OUTAGE_WAIT": _Spec(
+        15.0,
+        float,
+        0,
+        3600,
+        "how long a worker retries, on fresh connections with backoff, saving what already happened (an outcome, "
+        "a vendor call's record or answer) while PostgreSQL is unreachable (s)",
+    ),
     "POLL_INTERVAL": _Spec(1.0, float, 0.01, 3600, "fallback tick in seconds when no NOTIFY arrives"),
     "LEASE_SECONDS": _Spec(30.0, float, 1, 86_400, "visibility timeout of a claimed envelope"),
     "MAX_SEND_ATTEMPTS": _Spec(8, int, 1, 1000, "failed sends before an envelope is dead"),
@@ -140,6 +148,7 @@ class DispatchSettings:
     WORKER_PREFETCH: int
     WORKER_HEARTBEAT_INTERVAL: float
     WORKER_DB_CHECK_INTERVAL: float
+    WORKER_DB_OUTAGE_WAIT: float
     POLL_INTERVAL: float
     LEASE_SECONDS: float
     MAX_SEND_ATTEMPTS: int

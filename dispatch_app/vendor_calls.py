@@ -34,7 +34,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection
 
-from dispatch_app.dbretry import once_more_on_fresh_connection
+from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
 
 log = logging.getLogger("dispatch_app.vendor_calls")
@@ -158,7 +158,7 @@ def unsettled(job_id: int) -> list[Call]:
 def record(
     job_id: int, attempt: int, seq: int, purpose: str, request_id: str, settled: tuple[int, Any] | None = None
 ) -> int:
-    """Record a call before it is made; one retry on a fresh connection if the old one had died.
+    """Record a call before it is made; retried on fresh connections if the old one had died (dbretry).
 
     The call is not made yet, so a lost connection here must not fail the job.
     The request id is new for this call: a row already carrying it is this
@@ -186,10 +186,10 @@ def record(
         cursor.execute(sql, params)
         return cursor.fetchone()
 
-    row = once_more_on_fresh_connection(
+    row = on_fresh_connections(
         run,
         log,
-        "job %s attempt %s: connection lost while recording vendor call %s; retrying once",
+        "job %s attempt %s: connection lost while recording vendor call %s; retrying on a fresh connection",
         job_id,
         attempt,
         seq,
@@ -201,7 +201,7 @@ def record(
 
 
 def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bool:
-    """Record a call's outcome; one retry on a fresh connection if the old one died during the call.
+    """Record a call's outcome; retried on fresh connections if the old one died during the call (dbretry).
 
     The vendor has answered by now: an outcome lost with a terminated session
     would fail the job (the work's exception) though the call took effect. The
@@ -218,10 +218,10 @@ def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bo
         cursor.execute(sql, params)
         return cursor.rowcount == 1
 
-    return once_more_on_fresh_connection(
+    return on_fresh_connections(
         run,
         log,
-        "vendor call %s: connection lost before its outcome was saved; retrying once",
+        "vendor call %s: connection lost before its outcome was saved; retrying on a fresh connection",
         call_id,
         action="vendor_settle_retry",
     )

@@ -19,7 +19,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from dispatch_app import prepared, tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck
-from dispatch_app.dbretry import once_more_on_fresh_connection
+from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
@@ -73,7 +73,7 @@ class WorkContext:
 
 
 def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
-    """Record the outcome; one retry on a fresh connection if the old one died during the work.
+    """Record the outcome; retried on fresh connections if the old one died during the work (dbretry).
 
     The work is done by now: losing its outcome would leave the job 'running'
     until recovery, which for a non-idempotent domain can only say outcome_unknown.
@@ -85,10 +85,10 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     def run(cursor, retry: bool) -> bool:
         return finish(cursor, job_id, attempt, status, value, error[:ERROR_MAX_CHARS])
 
-    return once_more_on_fresh_connection(
+    return on_fresh_connections(
         run,
         log,
-        "job %s attempt %s: connection lost before the outcome was saved; retrying once",
+        "job %s attempt %s: connection lost before the outcome was saved; retrying on a fresh connection",
         job_id,
         attempt,
         action="finish_retry",
