@@ -77,6 +77,15 @@ WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
 RETURNING payload, trace_context, started_at
 """
 
+# A start this worker made moments ago, found on a retry: the first try's commit may have been lost with its
+# answer (the connection died after the COMMIT went out). Bounded in time so it can only be that try's start.
+START_MADE_BY_SQL = f"""
+SELECT j.payload, j.trace_context, j.started_at
+FROM {JOB} j JOIN dispatch_app_jobattempt a ON a.job_id = j.id AND a.attempt = j.attempt
+WHERE j.id = %s AND j.attempt = %s AND j.status = 'running' AND a.worker = %s
+  AND j.started_at > clock_timestamp() - make_interval(secs => %s)
+"""
+
 # running -> queued, same attempt: a worker that started the job in PostgreSQL ahead of its take from Redis
 # (dispatch_app.rqworker.prestart) did not get the job to run. Only that start (its started_at) moves back;
 # the attempt's history forgets the start too, so a later start of the same attempt is recorded afresh.
@@ -152,6 +161,14 @@ def start(cursor, worker: str, job_id: int, attempt: int) -> tuple | None:
     jsonb comes back as the driver returns it on a raw cursor (maybe undecoded text).
     """
     cursor.execute(START_SQL, [worker, job_id, attempt])
+    return cursor.fetchone()
+
+
+def start_made_by(cursor, worker: str, job_id: int, attempt: int, within: float) -> tuple | None:
+    """The row ``start`` would have returned, if ``worker`` started this attempt within the last ``within`` s."""
+    if not worker:
+        return None  # a nameless start cannot be told from another's
+    cursor.execute(START_MADE_BY_SQL, [job_id, attempt, worker, within])
     return cursor.fetchone()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from dispatch_app import prepared, tracing
+from dispatch_app import tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck
 from dispatch_app.dbretry import on_fresh_connections
@@ -24,7 +24,7 @@ from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
 from dispatch_app.rqworker import prestart
-from dispatch_app.transitions import finish, redispatch, start
+from dispatch_app.transitions import finish, redispatch, start, start_made_by
 
 log = logging.getLogger("dispatch_app.worker")
 
@@ -95,6 +95,32 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     )
 
 
+def _start(job_id: int, attempt: int):
+    """The start compare-and-set: one autocommit statement, durable before any side effect, without BEGIN/COMMIT.
+
+    A job taken while PostgreSQL is away is started once it is back (dbretry), not failed in RQ and left to
+    recovery's stale threshold (minutes by default).
+    """
+    worker = _worker_name()
+
+    def run(cursor, retry: bool):
+        row = start(cursor, worker, job_id, attempt)
+        if row is None and retry:
+            # A start older than the retries can be is not this call's.
+            within = dispatch_settings().WORKER_DB_OUTAGE_WAIT + 60
+            row = start_made_by(cursor, worker, job_id, attempt, within)
+        return row
+
+    return on_fresh_connections(
+        run,
+        log,
+        "job %s attempt %s: connection lost before the start; retrying on a fresh connection",
+        job_id,
+        attempt,
+        action="start_retry",
+    )
+
+
 def format_error(exc: BaseException) -> str:
     """The shape Job.error keeps: the exception's dotted class and message, a blank line, the traceback.
 
@@ -137,9 +163,7 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     # The project's worker may have made the start already, while Redis handed it the job (prestart).
     row = prestart.claim(job_id, attempt)
     if row is None:
-        # One autocommit statement: the start is durable before any side effect, without BEGIN/COMMIT.
-        with prepared.cursor() as cursor:
-            row = start(cursor, _worker_name(), job_id, attempt)
+        row = _start(job_id, attempt)
     if row is None:
         JobEvent.objects.create(
             job_id=job_id,

@@ -15,8 +15,11 @@ import psycopg
 import pytest
 from django.db import OperationalError, connection, transaction
 
+from dispatch_app import submit, worker
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.dispatch.listener import listener_conninfo
+from dispatch_app.models import JobAttempt, JobStatus
+from dispatch_app.transitions import start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 log = logging.getLogger("test.dbretry")
@@ -108,3 +111,48 @@ def test_inside_a_transaction_the_error_goes_to_the_transactions_owner():
             sleep=never,
         )
     assert calls == [False]
+
+
+# --- the start --------------------------------------------------------------
+PAYLOAD = {"asset": "a-1", "target": "https://target.example.invalid/1"}
+
+
+def start_elsewhere(job_id: int, worker: str) -> None:
+    """The start, committed on another session: as a first try whose answer the dead connection lost."""
+    with psycopg.connect(autocommit=True, **listener_conninfo()) as other:
+        assert start(other.cursor(), worker, job_id, 1) is not None
+
+
+def kill_own_session() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    with psycopg.connect(autocommit=True, **listener_conninfo()) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+
+
+def test_a_start_whose_answer_was_lost_is_found_as_this_workers_own(monkeypatch):
+    job = submit("delivery", PAYLOAD)
+    monkeypatch.setattr(worker, "_worker_name", lambda: "pf.host.1.me")
+    start_elsewhere(job.pk, "pf.host.1.me")
+    kill_own_session()
+    row = worker._start(job.pk, 1)
+    assert row is not None, "the start this worker made is not refused as a duplicate"
+    job.refresh_from_db()
+    assert (job.status, row[2]) == (JobStatus.RUNNING, job.started_at)
+
+
+def test_a_retried_start_never_takes_another_workers_start(monkeypatch):
+    job = submit("delivery", PAYLOAD)
+    monkeypatch.setattr(worker, "_worker_name", lambda: "pf.host.1.me")
+    start_elsewhere(job.pk, "pf.host.2.other")
+    kill_own_session()
+    assert worker._start(job.pk, 1) is None  # a duplicate delivery, as without the retry
+
+
+def test_a_start_whose_first_try_met_a_dead_session_starts_the_job(monkeypatch):
+    job = submit("delivery", PAYLOAD)
+    monkeypatch.setattr(worker, "_worker_name", lambda: "pf.host.1.me")
+    kill_own_session()
+    assert worker._start(job.pk, 1) is not None
+    assert JobAttempt.objects.get(job=job, attempt=1).worker == "pf.host.1.me"

@@ -15,7 +15,10 @@ Every submit the producer saw commit is durable (synchronous commit), so none
 may be lost; a submit that failed with the crash may or may not have
 committed, and is counted either way.
 
-Then the system must settle: every job terminal within ``SETTLE_BOUND``,
+Then the system must settle: every job succeeded within ``SETTLE_BOUND`` (each
+outage is shorter than ``WORKER_DB_OUTAGE_WAIT``: a worker that knows an
+outcome or a vendor's answer saves it once the server is back, and a job taken
+meanwhile starts then),
 the suite's invariants (one envelope per attempt, at most one execution per
 attempt), and the vendor-call checks of scenario 40 (every call recorded
 first, no non-retry-safe call taking effect twice). The processes must all be
@@ -126,7 +129,10 @@ def test_postgres_crashes_lose_no_committed_job_and_repeat_no_vendor_call(privat
     calls = vendor_ledger.check(stack, call_log)
     unknown = vendor_ledger.bounded_unknowns(stack)
     report = invariants.check_stack(stack, expected_jobs=len(present), expect_status=None)
-    assert report.by_status.get("succeeded", 0) >= len(load.acked) // 2, report.by_status
+    # Every outage is shorter than WORKER_DB_OUTAGE_WAIT: a worker saves what it knows once the server is back,
+    # so no call is left in doubt and no job needs recovery's verdict (the provider never fails here).
+    assert not unknown, unknown
+    assert report.by_status == {"succeeded": len(present)}, report.by_status
     events = dict(stack.sql("SELECT kind, count(*) FROM dispatch_app_jobevent GROUP BY 1"))
     resent = stack.scalar("SELECT count(*) FROM dispatch_app_dispatchenvelope WHERE send_attempts > 1")
     record_figures(
