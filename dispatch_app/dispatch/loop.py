@@ -101,6 +101,9 @@ class DrainResult:
 
 class DispatchLoop:
     name = "dispatch"
+    # Its drains are asked for by wakes (capacity one): a drain that failed is run again after the runner's
+    # backoff, or the wake spent on it would leave the work it announced until the fallback tick.
+    retry_failed_step = True
 
     def __init__(
         self,

@@ -3,8 +3,10 @@
 Every loop of the dispatcher has the same shape: a stop signal it checks, a
 ``wait()`` that returns why it woke, a ``run_once(reason)`` that tests and
 one-shot commands call directly, and errors logged with a stable action name
-and the loop's domain, followed by a bounded backoff instead of a dead thread,
-after which the failed step is run again: its wake was spent on it.
+and the loop's domain, followed by a bounded backoff instead of a dead thread.
+A loop whose steps are asked for by wakes (``retry_failed_step``, the dispatch
+loop) has its failed step run again after the backoff: the wake was spent on
+it. Periodic loops (recovery, heartbeat) wait for their next period as before.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ class LoopRunner:
                     connections.close_all()
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)
-                    retry = trigger
+                    if getattr(self.loop, "retry_failed_step", False):
+                        retry = trigger
                     continue
                 backoff = self.error_backoff
                 self.rounds += 1
