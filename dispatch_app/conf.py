@@ -66,8 +66,9 @@ SPECS: dict[str, _Spec] = {
         float,
         0,
         3600,
-        "how long a worker retries, on fresh connections with backoff, saving what already happened (an outcome, "
-        "a vendor call's record or answer) while PostgreSQL is unreachable (s)",
+        "how long a worker retries, on fresh connections with backoff, a taken job's start and the saves of what "
+        "already happened (an outcome, a vendor call's record or answer) while PostgreSQL is unreachable (s; "
+        "0: one retry at once)",
     ),
     "POLL_INTERVAL": _Spec(1.0, float, 0.01, 3600, "fallback tick in seconds when no NOTIFY arrives"),
     "LEASE_SECONDS": _Spec(30.0, float, 1, 86_400, "visibility timeout of a claimed envelope"),
