@@ -208,6 +208,16 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
             extra={"action": "work_connection_lost", "domain": domain_key},
         )
         connection.close()
+        # The next attempt goes through the outbox, so the server must answer first: wait for it as the saves do
+        # (past WORKER_DB_OUTAGE_WAIT this raises, and recovery takes the job over).
+        on_fresh_connections(
+            lambda cursor, retry: cursor.execute("SELECT 1"),
+            log,
+            "job %s attempt %s: waiting for the database to retry through the outbox",
+            job_id,
+            attempt,
+            action="work_connection_wait",
+        )
         return _provider_failed(domain, job_id, attempt, exc, reason=f"database connection lost during the work: {exc}")
     except Exception as exc:
         log.exception(

@@ -5,7 +5,7 @@ Steady load over the five domains, one dispatcher with its recovery loops
 call), all on a private PostgreSQL and Redis. Meanwhile the server is crashed
 ``CRASHES`` times (``pg_ctl stop -m immediate``: every backend gets SIGQUIT,
 no checkpoint, WAL still in shared buffers is gone) and started again after a
-seeded 0.3-1.2 s; each start replays the WAL.
+seeded 0.3-1.2 s (``PF_FAULTS_CRASH_DOWN_MAX`` for longer); each start replays the WAL.
 
 What such a crash may lose is exactly what the project commits without
 waiting for the WAL flush: claims and marks (``dispatch.claim.ASYNC_COMMIT``),
@@ -42,6 +42,8 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(300)]
 
 CRASHES = int(os.environ.get("PF_FAULTS_CRASHES") or 3)
 SEED = int(os.environ.get("PF_FAULTS_CHAOS_SEED") or 41)
+# Longest outage (s); past WORKER_DB_OUTAGE_WAIT (15 s) jobs are left to recovery, which this scenario does not expect.
+DOWN_MAX = float(os.environ.get("PF_FAULTS_CRASH_DOWN_MAX") or 1.2)
 LOAD_PERIOD = 0.25  # one job per domain: 20 jobs/s
 SETTLE_BOUND = 60.0
 
@@ -74,7 +76,7 @@ def test_postgres_crashes_lose_no_committed_job_and_repeat_no_vendor_call(privat
             time.sleep(rng.uniform(1.5, 3.0))
             stack.check_alive()
             private_postgres.stop("immediate")
-            down = rng.uniform(0.3, 1.2)
+            down = rng.uniform(0.3, DOWN_MAX)
             time.sleep(down)
             private_postgres.start()
             downtime.append(round(down, 2))
