@@ -85,7 +85,11 @@ SPECS: dict[str, _Spec] = {
     ),
     "SHUTDOWN_DEADLINE": _Spec(10.0, float, 0.1, 3600, "seconds to finish in-flight work on SIGTERM"),
     "LISTEN_TIMEOUT": _Spec(5.0, float, 0.05, 3600, "listener wait before it pings the idle connection (s)"),
-    "RECONNECT_BACKOFF_MAX": _Spec(30.0, float, 0.01, 3600, "cap of the listener/loop reconnect backoff (s)"),
+    # Every process polls a server that is away at most this often; 30 s here meant work waiting up to 30 s
+    # after PostgreSQL or Redis was back, for a connection attempt every few seconds saved.
+    "RECONNECT_BACKOFF_MAX": _Spec(
+        5.0, float, 0.01, 3600, "cap of the reconnect backoff of the listener, the loops and the workers (s)"
+    ),
     "LISTEN_DEAD_AFTER": _Spec(
         15.0, float, 1, 3600, "a LISTEN connection whose network stays silent this long is dropped and redone (s)"
     ),
