@@ -154,6 +154,17 @@ class Load(threading.Thread):
             self.error = exc
 
 
+def wait_settled(stack, since: float, after: str) -> float:
+    """Bounded wait until no job is active, every process alive meanwhile; seconds since ``since``."""
+    wait_until(
+        lambda: stack.check_alive() or stack.scalar(ACTIVE) == 0,
+        timeout=SETTLE_BOUND,
+        interval=0.2,
+        message=f"every job terminal within {SETTLE_BOUND}s of {after}",
+    )
+    return time.monotonic() - since
+
+
 def check_submits(stack, load) -> int:
     """Every acknowledged submit is there; at most the ones in doubt more. Returns how many jobs there are."""
     present = {job_id for (job_id,) in stack.sql("SELECT id FROM dispatch_app_job")}
@@ -242,13 +253,7 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
     chaos_over = time.monotonic()
     jobs = list(load.ids)
 
-    wait_until(
-        lambda: stack.check_alive() or stack.scalar(ACTIVE) == 0,
-        timeout=SETTLE_BOUND,
-        interval=0.2,
-        message=f"every job terminal within {SETTLE_BOUND}s of the last fault (seed {SEED})",
-    )
-    recovered_seconds = time.monotonic() - chaos_over
+    recovered_seconds = wait_settled(stack, chaos_over, f"the last fault (seed {SEED})")
     unfinished = stack.scalar(ACTIVE)
     for proc in workers:
         proc.stop()

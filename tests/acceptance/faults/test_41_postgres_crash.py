@@ -35,8 +35,14 @@ import pytest
 from tests.acceptance.faults import invariants, vendor_ledger
 from tests.acceptance.faults.infra import record_figures
 from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
-from tests.acceptance.faults.test_40_mixed_chaos import ACTIVE, DOMAINS, RECOVERY, Load, check_submits
-from tests.helpers import wait_until
+from tests.acceptance.faults.test_40_mixed_chaos import (
+    DOMAINS,
+    RECOVERY,
+    SETTLE_BOUND,
+    Load,
+    check_submits,
+    wait_settled,
+)
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(300)]
 
@@ -45,7 +51,6 @@ SEED = int(os.environ.get("PF_FAULTS_CHAOS_SEED") or 41)
 # Longest outage (s); past WORKER_DB_OUTAGE_WAIT (15 s) jobs are left to recovery, which this scenario does not expect.
 DOWN_MAX = float(os.environ.get("PF_FAULTS_CRASH_DOWN_MAX") or 1.2)
 LOAD_PERIOD = 0.25  # one job per domain: 20 jobs/s
-SETTLE_BOUND = 60.0
 
 
 def test_postgres_crashes_lose_no_committed_job_and_repeat_no_vendor_call(private_stack, private_postgres):
@@ -87,13 +92,7 @@ def test_postgres_crashes_lose_no_committed_job_and_repeat_no_vendor_call(privat
     print(f"\nCRASH seed={SEED} crashes={CRASHES} down={downtime} in_doubt={load.in_doubt}")
     last_crash_over = time.monotonic()
 
-    wait_until(
-        lambda: stack.check_alive() or stack.scalar(ACTIVE) == 0,
-        timeout=SETTLE_BOUND,
-        interval=0.2,
-        message=f"every job terminal within {SETTLE_BOUND}s of the last crash (seed {SEED})",
-    )
-    settled_seconds = time.monotonic() - last_crash_over
+    settled_seconds = wait_settled(stack, last_crash_over, f"the last crash (seed {SEED})")
     stack.check_alive()  # every process rode out every crash on its own
     for proc in workers:
         proc.stop()
