@@ -22,6 +22,7 @@ from typing import TypeVar
 from django.db import InterfaceError, OperationalError, connection
 
 from dispatch_app import prepared
+from dispatch_app.conf import dispatch_settings
 
 T = TypeVar("T")
 
@@ -58,8 +59,6 @@ def on_fresh_connections(
             connection.close()
             if deadline is None:
                 if wait is None:
-                    from dispatch_app.conf import dispatch_settings
-
                     wait = dispatch_settings().WORKER_DB_OUTAGE_WAIT
                 deadline = clock() + wait
                 log.warning(message, *args, extra={"action": action, "domain": "worker"})
