@@ -209,9 +209,10 @@ def db_latencies(ids, column: str = "dispatched_at") -> dict[int, float]:
 
 
 def queue_names() -> list[str]:
-    from dispatch_app.domains import queue_names
+    """Every lane of every domain queue: what reaches RQ, whichever lane it lands in."""
+    from dispatch_app.domains import lane_queue_names
 
-    return list(queue_names())
+    return list(lane_queue_names())
 
 
 def _domain_arrays(domains: list[str] | None) -> tuple[list[str], list[str]]:

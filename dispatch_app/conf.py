@@ -51,6 +51,14 @@ SPECS: dict[str, _Spec] = {
     "SEND_CHUNK_SIZE": _Spec(50, int, 1, 10_000, "envelopes per Redis pipeline in one send"),
     # Workers (dispatch_app.rqworker, manage.py runworkers).
     "WORKER_PREFETCH": _Spec(8, int, 1, 1000, "ready jobs a worker takes per dequeue round trip (1 = one at a time)"),
+    "RECOVERY_LANE_EVERY": _Spec(
+        10,
+        int,
+        2,
+        1000,
+        "a worker whose new lanes never run dry still takes one job in this many from the recovery lanes "
+        "(dispatch_app.lanes): recovered work's guaranteed share under saturation",
+    ),
     "WORKER_HEARTBEAT_INTERVAL": _Spec(
         10.0, float, 0.1, 600, "worker heartbeat period (s); a worker silent for 6 periods (min 3 s) counts as dead"
     ),
@@ -151,6 +159,7 @@ class DispatchSettings:
     SEND_CONCURRENCY: int
     SEND_CHUNK_SIZE: int
     WORKER_PREFETCH: int
+    RECOVERY_LANE_EVERY: int
     WORKER_HEARTBEAT_INTERVAL: float
     WORKER_DB_CHECK_INTERVAL: float
     WORKER_DB_OUTAGE_WAIT: float

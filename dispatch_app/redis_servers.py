@@ -17,6 +17,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 from django.conf import settings
 
+from dispatch_app import lanes
+
 
 def with_timeouts(url: str, timeout: float) -> str:
     """Every Redis call of ours is bounded: redis-py reads these from the URL (unless it sets them)."""
@@ -57,12 +59,19 @@ def add_queue_entries(queues) -> list[str]:
             entry["URL"] = with_timeouts(own, getattr(settings, "REDIS_SOCKET_TIMEOUT", 5.0))
         configured[queue] = entry
         added.append(queue)
+    # A queue's lanes live where the queue lives (dispatch_app.lanes): the same entry, the same server.
+    for queue in queues:
+        for lane in lanes.queues(queue)[1:]:
+            if lane not in configured:
+                configured[lane] = dict(configured[queue])
+                added.append(lane)
     return added
 
 
 def queue_url(queue: str) -> str:
     """The Redis URL of a queue's ``RQ_QUEUES`` entry (URL, or UNIX_SOCKET_PATH / HOST+PORT+DB); REDIS_URL if none."""
-    entry = getattr(settings, "RQ_QUEUES", {}).get(queue) or {}
+    configured = getattr(settings, "RQ_QUEUES", {})
+    entry = configured.get(queue) or configured.get(lanes.split(queue)[0]) or {}
     if entry.get("URL"):
         return entry["URL"]
     db = entry.get("DB", 0)

@@ -32,6 +32,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from dispatch_app import lanes
 from dispatch_app.domains import get_domain
 from dispatch_app.models import JobEvent
 
@@ -227,7 +228,7 @@ def redispatch_many(domain: str, jobs: list[tuple[int, int, str, str, dict]], *,
         "attempts": [job[1] for job in jobs],
         "statuses": [job[2] for job in jobs],
         "domain": domain,
-        "queue": get_domain(domain).queue,
+        "queue": lanes.queue_name(get_domain(domain).queue, lanes.for_kind(kind)),
     }
     with connection.cursor() as cursor:
         cursor.execute(REDISPATCH_MANY_SQL, params)
@@ -283,7 +284,7 @@ def redispatch(
         if row is None:
             return None
         attempt, domain_key = row
-        queue = get_domain(domain_key).queue
+        queue = lanes.queue_name(get_domain(domain_key).queue, lanes.for_kind(kind))
         cursor.execute(REDISPATCH_ENVELOPE_SQL, [job_id, attempt, domain_key, queue, delay_seconds])
     JobEvent.objects.create(
         job_id=job_id,

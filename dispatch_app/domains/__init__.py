@@ -12,6 +12,7 @@ from dispatch_app.domains.registry import (
     domain_keys,
     get_domain,
     is_registered,
+    lane_queue_names,
     queue_names,
     register,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "domain_keys",
     "get_domain",
     "is_registered",
+    "lane_queue_names",
     "queue_names",
     "register",
     "registry",

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app import redis_servers
+from dispatch_app import lanes, redis_servers
 from dispatch_app.domains.base import DEFAULT_TASK_PREFIX, Domain, Field, RecoveryPolicy
 
 DEFAULT_DOMAINS: tuple[str, ...] = (
@@ -214,6 +214,12 @@ def domain_keys() -> tuple[str, ...]:
 def queue_names() -> tuple[str, ...]:
     """Every declared queue once, in declaration order."""
     return tuple(dict.fromkeys(d.queue for d in _load().values()))
+
+
+def lane_queue_names() -> tuple[str, ...]:
+    """Every RQ queue of every declared queue's lanes: all new lanes first, then the late ones (``lanes``)."""
+    declared = queue_names()
+    return tuple(lanes.queue_name(q, lane) for lane in lanes.LANES for q in declared)
 
 
 def is_registered(key: str) -> bool:

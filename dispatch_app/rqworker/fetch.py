@@ -30,19 +30,25 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
+from dispatch_app import lanes
+
 TAKEN_BY = "pf_taken_by"
 
-# KEYS: the suspension flag, then (queue, intermediate) pairs in priority order.
+# KEYS: the suspension flag, then (queue, intermediate) pairs.
 # ARGV: [1] how many jobs at most, [2] the job hash key prefix, [3] the worker's
-# name, [4] (optional) a job id already popped from the queue of pair [5] (the
-# blocking wait's catch), [6] '1' if it still has to go to the intermediate list,
-# [7] (optional) the popped job's start: the timeout its writes assumed ('' for
-# none), [8] how many commands, then each command as its length and its words.
+# name, [4] the plan: which pairs to scan in which order, each as its KEYS index
+# and 'n' (new work: as many as allowed) or 'r' (a late lane, ``dispatch_app.lanes``:
+# one job, and only when nothing else was taken in this call), [5] (optional) a job
+# id already popped from the queue of pair [6] (the blocking wait's catch), [7] '1'
+# if it still has to go to the intermediate list, [8] (optional) the popped job's
+# start: the timeout its writes assumed ('' for none), [9] how many commands, then
+# each command as its length and its words.
 TAKE_SCRIPT = (
     """
-if redis.call('EXISTS', KEYS[1]) == 1 and not ARGV[4] then return {1} end
+if redis.call('EXISTS', KEYS[1]) == 1 and not ARGV[5] then return {1} end
 local out = {0}
 local left = tonumber(ARGV[1])
+local taken = 0
 local function take(pair, id)
   local key = ARGV[2] .. id
   local hash = redis.call('HGETALL', key)
@@ -56,6 +62,7 @@ local function take(pair, id)
   local entry = {pair, id, hash}
   table.insert(out, entry)
   left = left - 1
+  taken = taken + 1
   return entry
 end
 -- The recorded start, if the job is the one it was recorded for: its timeout sets the
@@ -65,28 +72,38 @@ local function start(entry)
   for i = 1, #hash, 2 do
     if hash[i] == 'timeout' then timeout = hash[i + 1] elseif hash[i] == 'repeats_left' then repeating = true end
   end
-  if timeout ~= ARGV[7] or repeating then return end
-  local at = 9
-  for _ = 1, tonumber(ARGV[8]) do
+  if timeout ~= ARGV[8] or repeating then return end
+  local at = 10
+  for _ = 1, tonumber(ARGV[9]) do
     local n = tonumber(ARGV[at])
     redis.call(unpack(ARGV, at + 1, at + n))
     at = at + n + 1
   end
   table.insert(entry, 1)
 end
-if ARGV[4] then
-  local pair = tonumber(ARGV[5])
-  if ARGV[6] == '1' then redis.call('RPUSH', KEYS[pair + 1], ARGV[4]) end
-  local entry = take(pair, ARGV[4])
-  if entry and ARGV[7] then start(entry) end
+if ARGV[5] then
+  local pair = tonumber(ARGV[6])
+  if ARGV[7] == '1' then redis.call('RPUSH', KEYS[pair + 1], ARGV[5]) end
+  local entry = take(pair, ARGV[5])
+  if entry and ARGV[8] then start(entry) end
 end
-for pair = 2, #KEYS, 2 do
-  while left > 0 do
-    local id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
-    if not id then break end
-    take(pair, id)
-  end
+-- A late lane's job is taken alone: held in the worker's hand behind nothing and ahead of nothing,
+-- so new work arriving while it runs waits for that one job at most.
+for pair, lane in string.gmatch(ARGV[4], '(%d+)(%a)') do
+  pair = tonumber(pair)
   if left <= 0 then break end
+  if lane == 'n' then
+    while left > 0 do
+      local id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
+      if not id then break end
+      take(pair, id)
+    end
+  elseif taken == 0 then
+    local id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
+    while id and not take(pair, id) do
+      id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
+    end
+  end
 end
 return out
 """
@@ -194,30 +211,48 @@ class Fetcher:
     def __init__(self, connection: redis.Redis, queues: list[Queue], job_class: type[Job], serializer, name: str):
         self.connection = connection
         self.name = name
-        self.queues = queues
+        # Every new lane before any late one (``dispatch_app.lanes``): the blocking wait's BLPOP and the
+        # take both go down this list, so new work of any queue comes before recovered work of all.
+        self.queues = [q for q in queues if not lanes.is_late(q.name)] + [q for q in queues if lanes.is_late(q.name)]
         self.job_class = job_class
         self.serializer = serializer
         self.keys = [WORKERS_SUSPENDED]
-        for queue in queues:
+        for queue in self.queues:
             self.keys += [queue.key, IntermediateQueue.get_intermediate_queue_key(queue.key)]
+        tokens = [f"{2 + 2 * i}{'r' if lanes.is_late(q.name) else 'n'}" for i, q in enumerate(self.queues)]
+        self.plan = " ".join(tokens)
+        # The late lanes' share: one job from them first, then new work as usual.
+        self.plan_late_first = " ".join([t for t in tokens if t.endswith("r")] + [t for t in tokens if t.endswith("n")])
+        self.has_late = any(t.endswith("r") for t in tokens)
         self._script = connection.register_script(TAKE_SCRIPT)
         self._rescue = connection.register_script(RESCUE_SCRIPT)
         self._settle = connection.register_script(SETTLE_SCRIPT)
 
-    def take(self, limit: int, popped: tuple[int, str, bool] | None = None, start: Start | None = None) -> list[Taken]:
-        """Up to ``limit`` ready jobs, in RQ's queue priority order; raises Suspended.
+    def take(
+        self,
+        limit: int,
+        popped: tuple[int, str, bool] | None = None,
+        start: Start | None = None,
+        late_first: bool = False,
+    ) -> list[Taken]:
+        """Up to ``limit`` ready jobs, new lanes first in RQ's queue order, then at most one from a late lane
+        when no new work was there; raises Suspended.
 
         ``popped`` is (queue index, job id, needs moving to the intermediate list)
         for a job the blocking wait already took off its queue; ``start``, that
         job's start, written in the same call when the job is as it assumed (the
-        first Taken then carries its execution).
+        first Taken then carries its execution). ``late_first``: the late lanes'
+        share is due, so one of their jobs (if any) comes before new work.
         """
-        return self._taken(self._script(keys=self.keys, args=self._take_args(limit, popped, start)), start)
+        args = self._take_args(limit, popped, start, late_first)
+        return self._taken(self._script(keys=self.keys, args=args), start)
 
-    def send_take(self, limit: int, popped: tuple[int, str, bool], start: Start | None) -> PendingTake:
+    def send_take(
+        self, limit: int, popped: tuple[int, str, bool], start: Start | None, late_first: bool = False
+    ) -> PendingTake:
         """``take`` in two halves: the script call is sent now and its reply read by ``PendingTake.result``,
         so the caller can do other I/O (the job's start in PostgreSQL) while Redis runs the script."""
-        return PendingTake(self, self._take_args(limit, popped, start), start)
+        return PendingTake(self, self._take_args(limit, popped, start, late_first), start)
 
     def _send(self, args: list) -> Callable[[], Any]:
         """The take script call sent on a connection of its own from the pool; returns what reads its reply."""
@@ -244,8 +279,11 @@ class Fetcher:
 
         return receive
 
-    def _take_args(self, limit: int, popped: tuple[int, str, bool] | None, start: Start | None) -> list:
-        args: list = [limit, Job.redis_job_namespace_prefix, self.name]
+    def _take_args(
+        self, limit: int, popped: tuple[int, str, bool] | None, start: Start | None, late_first: bool = False
+    ) -> list:
+        plan = self.plan_late_first if late_first else self.plan
+        args: list = [limit, Job.redis_job_namespace_prefix, self.name, plan]
         if popped is not None:
             index, job_id, move = popped
             args += [job_id, 2 + 2 * index, "1" if move else "0"]

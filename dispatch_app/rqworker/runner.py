@@ -22,7 +22,7 @@ from rq.worker_pool import WorkerPool
 
 from dispatch_app import redis_servers
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.domains import queue_names
+from dispatch_app.domains import lane_queue_names, queue_names
 from dispatch_app.rqworker.worker import PipelineWorker
 from dispatch_app.runtime.gcfreeze import freeze_startup
 
@@ -55,15 +55,20 @@ class Plan:
 
 
 def parse_queues(text: str | None) -> tuple[str, ...]:
-    """``a,b`` -> ("a", "b"); every name must be a domain queue (dispatch_app.domains.queue_names())."""
+    """``a,b`` -> ("a", "b"); every name must be a domain queue (dispatch_app.domains.queue_names()) or one
+    of their lanes (``delivery.recovery``). A domain queue brings its lanes (``worker.with_lanes``); a lane
+    named alone is listened on alone, which is how recovered work gets workers of its own."""
     if text is None:
         return queue_names()
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names:
         raise BadQueues(f"--queues is empty; valid queues: {', '.join(queue_names())}")
-    unknown = [n for n in names if n not in queue_names()]
+    unknown = [n for n in names if n not in lane_queue_names()]
     if unknown:
-        raise BadQueues(f"unknown queue(s) {', '.join(unknown)}; valid queues: {', '.join(queue_names())}")
+        raise BadQueues(
+            f"unknown queue(s) {', '.join(unknown)}; valid queues: {', '.join(queue_names())} "
+            f"(or one of their lanes: {', '.join(lane_queue_names()[len(queue_names()) :])})"
+        )
     return names
 
 

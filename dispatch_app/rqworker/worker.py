@@ -40,7 +40,9 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 from rq.worker_registration import register
 
+from dispatch_app import lanes
 from dispatch_app.conf import dispatch_settings
+from dispatch_app.domains import queue_names
 from dispatch_app.rqworker import fast_paths, prestart
 from dispatch_app.rqworker.beat import Heartbeat
 from dispatch_app.rqworker.evidence import EvidenceMixin
@@ -65,6 +67,20 @@ HOLD_SECONDS = 20.0
 IDLE_WAIT_SECONDS = 1.0
 # How often a worker looks for jobs a dead worker took and never started (one script call).
 RESCUE_SECONDS = 30.0
+
+
+def with_lanes(queues) -> list:
+    """A domain queue named alone brings its late lanes (``dispatch_app.lanes``); a lane named alone stays alone."""
+    declared = set(queue_names())
+    given = list(queues) if isinstance(queues, list | tuple) else [queues]
+    names = {q if isinstance(q, str) else q.name for q in given}
+    out = []
+    for queue in given:
+        out.append(queue)
+        name = queue if isinstance(queue, str) else queue.name
+        if name in declared:
+            out += [lane for lane in lanes.queues(name)[1:] if lane not in names]
+    return out
 
 
 class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
@@ -93,7 +109,12 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         self._start_templates: dict[tuple, StartTemplate | None] = {}
         self._in_doubt: tuple | None = None  # (popped, start) of a take whose reply was lost
         self._held: prestart.Held | None = None  # a start made ahead of its take, until the job runs
-        super().__init__(queues, *args, **kwargs)
+        self.late_every = conf.RECOVERY_LANE_EVERY
+        self._new_since_late = 0  # new-lane jobs taken since the last late-lane one (the late lanes' share)
+        # Late work may be waiting until a take that looked there first found none: until then the new
+        # lanes are taken in runs that leave room for the share.
+        self._late_waiting = True
+        super().__init__(with_lanes(queues), *args, **kwargs)
 
     # --- connection and lifecycle -------------------------------------------------
     def _set_connection(self, connection):
@@ -227,8 +248,10 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             for t, _ in self._buffer:
                 self._drop_held("it waited in the worker's hand too long and went back to its queue", t.job.id)
             self._buffer.clear()
+        late_first = self._late_due()
+        limit = self._lane_limit(limit)
         try:
-            batch = self._fetcher.take(limit)
+            batch = self._fetcher.take(limit, late_first=late_first)
         except Suspended:
             self._flush_pending()
             self.check_for_suspension(burst)
@@ -242,7 +265,8 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             if popped is None:
                 return None
             start = self._record_start(popped)
-            pending = self._fetcher.send_take(limit, popped, start)
+            late_first = self._late_due()
+            pending = self._fetcher.send_take(limit, popped, start, late_first=late_first)
             if pending.error is None:
                 # The job's start in PostgreSQL while Redis runs the take (prestart).
                 self._held = prestart.begin(self.name, popped[1], self._fetcher.queues[popped[0]].name)
@@ -259,9 +283,31 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
                 self._drop_held("its job's hash was gone from Redis when the worker took it")
             if not batch:
                 return None
+        self._count_lanes(batch, late_first)
         at = time.monotonic()
         self._buffer = [(t, at) for t in batch[1:]]
         return batch[0]
+
+    # --- lanes (dispatch_app.lanes) ------------------------------------------------------------
+    # New work is taken first; a late lane's job only alone and when no new work was there, so new work
+    # waits behind at most the one late job running. Under saturation of both, one job in every
+    # RECOVERY_LANE_EVERY is a late one: recovered work still moves, at that share.
+    def _late_due(self) -> bool:
+        """After ``RECOVERY_LANE_EVERY - 1`` new jobs in a row, a late job (if any) goes first."""
+        return self._fetcher.has_late and self._new_since_late >= self.late_every - 1
+
+    def _lane_limit(self, limit: int) -> int:
+        """A take of new work stops where the late lanes' share falls due, while late work may be waiting."""
+        if not (self._late_waiting and self._fetcher.has_late):
+            return limit
+        return max(1, min(limit, self.late_every - 1 - self._new_since_late))
+
+    def _count_lanes(self, batch: list[Taken], late_first: bool) -> None:
+        late = any(lanes.is_late(taken.queue.name) for taken in batch)
+        if late or late_first:
+            self._late_waiting = late
+        for taken in batch:
+            self._new_since_late = 0 if lanes.is_late(taken.queue.name) else self._new_since_late + 1
 
     def _take_limit(self) -> int:
         """How many ready jobs to take at once (``PREFETCH_WAIT_BUDGET``); all of WORKER_PREFETCH before any ran."""

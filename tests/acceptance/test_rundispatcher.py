@@ -16,7 +16,7 @@ import time
 import pytest
 
 from dispatch_app import submit_many
-from dispatch_app.domains import queue_names
+from dispatch_app.domains import lane_queue_names
 from dispatch_app.models import Job, JobStatus
 from tests.factories import PAYLOADS
 from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
@@ -90,7 +90,7 @@ def dispatcher_args(*extra: str) -> list[str]:
 def worker_args() -> list[str]:
     return [
         "rqworker",
-        *queue_names(),
+        *lane_queue_names(),
         "--serializer",
         "rq.serializers.JSONSerializer",
         "--worker-class",

@@ -13,7 +13,7 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import rq_job_id
-from dispatch_app.domains import domain_keys, queue_names
+from dispatch_app.domains import domain_keys, lane_queue_names
 from dispatch_app.recovery.policy import resolve
 from dispatch_app.transitions import START_SQL
 
@@ -86,7 +86,7 @@ def mark_rq_started(redis_conn, job_id: int, attempt: int, worker_name: str) -> 
 
 def run_workers(redis_conn) -> None:
     """A real RQ worker (JSON serializer), in burst mode: runs what is queued, then returns."""
-    queues = [Queue(name, connection=redis_conn, serializer=JSONSerializer) for name in queue_names()]
+    queues = [Queue(name, connection=redis_conn, serializer=JSONSerializer) for name in lane_queue_names()]
     SimpleWorker(queues, connection=redis_conn, serializer=JSONSerializer).work(burst=True)
 
 

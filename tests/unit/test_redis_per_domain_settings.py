@@ -29,7 +29,9 @@ def _settings(**env) -> dict:
 
 def test_every_queue_stays_on_redis_url_by_default():
     shown = _settings()
-    assert set(shown["queues"]) == {"default", "workflow", "image_series", "delivery", "partial_edit", "agent"}
+    domains = {"workflow", "image_series", "delivery", "partial_edit", "agent"}
+    # Each domain queue (the task backend's "default" among them) and its recovery lane (dispatch_app.lanes).
+    assert set(shown["queues"]) == {"default", "default.recovery"} | domains | {f"{q}.recovery" for q in domains}
     assert set(shown["queues"].values()) == {shown["base"]}
 
 
@@ -38,6 +40,9 @@ def test_a_queue_named_in_redis_url_queue_moves_to_its_own_server_with_timeouts(
     delivery, images = shown["queues"]["delivery"], shown["queues"]["image_series"]
     assert delivery.startswith("redis://redis-b:6379/2?socket_timeout=") and "socket_connect_timeout=" in delivery
     assert images.startswith("unix:///run/r.sock?db=1&socket_timeout=")
-    assert {q: u for q, u in shown["queues"].items() if q not in ("delivery", "image_series")} == {
-        q: shown["base"] for q in shown["queues"] if q not in ("delivery", "image_series")
+    # A lane lives on its queue's server.
+    assert shown["queues"]["delivery.recovery"] == delivery and shown["queues"]["image_series.recovery"] == images
+    moved = ("delivery", "image_series", "delivery.recovery", "image_series.recovery")
+    assert {q: u for q, u in shown["queues"].items() if q not in moved} == {
+        q: shown["base"] for q in shown["queues"] if q not in moved
     }
