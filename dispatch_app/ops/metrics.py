@@ -347,18 +347,21 @@ class OperatorCollector:
         up.add_metric([], 0 if rq["error"] else 1)
         families.append(up)
         if not rq["error"]:
-            depth = GaugeMetricFamily("productflow_rq_queue_depth", "Jobs waiting in the RQ queue.", labels=["queue"])
+            # One series per lane (dispatch_app.lanes): ``queue`` is the lane's RQ queue, ``lane`` its name.
+            labels = ["queue", "lane"]
+            depth = GaugeMetricFamily("productflow_rq_queue_depth", "Jobs waiting in the RQ queue.", labels=labels)
             live = GaugeMetricFamily(
-                "productflow_rq_live_workers", "Live RQ workers listening on the queue.", labels=["queue"]
+                "productflow_rq_live_workers", "Live RQ workers listening on the queue.", labels=labels
             )
             oldest = GaugeMetricFamily(
                 "productflow_rq_oldest_job_age_seconds",
                 "Seconds since the job at the head of the RQ queue was dispatched (database clock); 0 if empty.",
-                labels=["queue"],
+                labels=labels,
             )
-            for name, q in sorted(rq["queues"].items()):
-                depth.add_metric([name], q["depth"])
-                live.add_metric([name], q["live_workers"])
-                oldest.add_metric([name], q["oldest_wait"] or 0.0)
+            for _, q in sorted(rq["queues"].items()):
+                for lane, seen in q["lanes"].items():
+                    depth.add_metric([seen["queue"], lane], seen["depth"])
+                    live.add_metric([seen["queue"], lane], seen["live_workers"])
+                    oldest.add_metric([seen["queue"], lane], seen["oldest_wait"] or 0.0)
             families += [depth, live, oldest]
         yield from families

@@ -90,7 +90,10 @@ def describe(status: str, state: rqside.JobRQState | None, *, fmt_instant) -> tu
     if state.position:
         live = state.live_workers or 0
         workers = f"{live} live worker{'s' if live != 1 else ''}"
-        return f"#{state.position} of {state.depth} in {state.queue}, {workers}", not live
+        lane = ""
+        if state.behind_new is not None:
+            lane = f" (recovery lane: taken after the {state.behind_new} new job(s) waiting)"
+        return f"#{state.position} of {state.depth} in {state.queue}{lane}, {workers}", not live
     if state.in_redis:
         return f"RQ job {state.rq_status or '?'}", False
     return "not in Redis", True

@@ -36,7 +36,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from dispatch_app import redis_servers
+from dispatch_app import lanes, redis_servers
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
@@ -202,6 +202,9 @@ class QueueInfo:
     live_workers: int = 0
     head: str = ""  # the RQ id a worker takes next
     oldest_wait: float | None = None  # seconds since the head job was dispatched (database clock)
+    # Per lane (dispatch_app.lanes): its RQ queue, depth, head, oldest_wait, workers and live_workers.
+    # depth above is all lanes', live_workers the new lane's, head and oldest_wait the one taken next / oldest.
+    lanes: dict[str, dict] = field(default_factory=dict)
 
 
 def _head_ages(rq_ids: list[str]) -> dict[str, float]:
@@ -246,10 +249,14 @@ def snapshot(conn: redis.Redis | None = None) -> dict:
             errors.append(f"{type(exc).__name__}{where}: {exc}")
     if not queues:
         return {"error": "; ".join(errors), "queues": {}, "workers": [], "domains": {}}
-    ages = _head_ages([q.head for q in queues.values() if q.head])
+    ages = _head_ages([lane["head"] for q in queues.values() for lane in q.lanes.values() if lane["head"]])
     for info in queues.values():
-        info.live_workers = sum(1 for w in info.workers if workers[w].alive)
-        info.oldest_wait = ages.get(info.head)
+        for lane in info.lanes.values():
+            lane["live_workers"] = sum(1 for w in lane["workers"] if workers[w].alive)
+            lane["oldest_wait"] = ages.get(lane["head"])
+        info.live_workers = info.lanes[lanes.NEW]["live_workers"]
+        waits = [lane["oldest_wait"] for lane in info.lanes.values() if lane["oldest_wait"] is not None]
+        info.oldest_wait = max(waits) if waits else None
     domains = {}
     for info in queues.values():
         for domain in info.domains:
@@ -259,6 +266,10 @@ def snapshot(conn: redis.Redis | None = None) -> dict:
                 "live_workers": info.live_workers,
                 "workers": len(info.workers),
                 "oldest_wait": info.oldest_wait,
+                "lanes": {
+                    name: {k: lane[k] for k in ("queue", "depth", "live_workers", "oldest_wait")}
+                    for name, lane in info.lanes.items()
+                },
             }
     return {
         "error": "; ".join(errors),
@@ -272,16 +283,21 @@ def _read_server(conn: redis.Redis, infos: list[QueueInfo]) -> dict[str, WorkerI
     """Depth, head and registered workers of the queues on one server (one pipeline), and those workers."""
     with conn.pipeline(transaction=False) as pipe:
         for info in infos:
-            pipe.llen(queue_key(info.queue))
-            pipe.lindex(queue_key(info.queue), 0)
-            pipe.smembers(f"rq:workers:{info.queue}")
-        raw = pipe.execute()
+            for name in lanes.queues(info.queue):
+                pipe.llen(queue_key(name))
+                pipe.lindex(queue_key(name), 0)
+                pipe.smembers(f"rq:workers:{name}")
+        raw = iter(pipe.execute())
     names: set[str] = set()
-    for i, info in enumerate(infos):
-        depth, head, members = raw[3 * i : 3 * i + 3]
-        info.depth, info.head = int(depth), _text(head)
-        info.workers = sorted(_text(m).removeprefix(WORKER_PREFIX) for m in members)
-        names.update(info.workers)
+    for info in infos:
+        for lane, name in zip(lanes.LANES, lanes.queues(info.queue), strict=True):
+            depth, head, members = next(raw), next(raw), next(raw)
+            lane_workers = sorted(_text(m).removeprefix(WORKER_PREFIX) for m in members)
+            info.lanes[lane] = {"queue": name, "depth": int(depth), "head": _text(head), "workers": lane_workers}
+            names.update(lane_workers)
+        info.depth = sum(lane["depth"] for lane in info.lanes.values())
+        info.workers = sorted({w for lane in info.lanes.values() for w in lane["workers"]})
+        info.head = next((lane["head"] for lane in info.lanes.values() if lane["head"]), "")
     return read_workers(conn, names)
 
 
@@ -310,6 +326,8 @@ class JobRQState:
     last_heartbeat: datetime | None = None  # the job's last heartbeat from its worker (worker host's clock)
     error: str = ""
     taken_by: str = ""  # a PipelineWorker took it off the queue and has not started it (rqworker.fetch)
+    # In a late lane (dispatch_app.lanes): the new jobs waiting, which workers take before it.
+    behind_new: int | None = None
 
     def judge_worker(self, info: WorkerInfo) -> None:
         """Take the running worker's verdict; a dead one's last heartbeat is the job's last sign of life."""
@@ -323,35 +341,42 @@ class JobRQState:
 
 
 def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[tuple[int, int], JobRQState]:
-    """The RQ side of many (job id, attempt, queue) on one server: one pipeline for the jobs and their queues,
-    one for the workers they name. Raises redis.RedisError."""
-    queues = sorted({q for _, _, q in attempts})
+    """The RQ side of many (job id, attempt, domain queue) on one server: one pipeline for the jobs and their
+    queues' lanes, one for the workers they name. Raises redis.RedisError."""
+    queues = sorted({lane for _, _, q in attempts for lane in lanes.queues(q)})
     with conn.pipeline(transaction=False) as pipe:
         for job_id, attempt, queue in attempts:
             pipe.hmget(f"rq:job:pf-{job_id}-{attempt}", "status", "worker_name", "last_heartbeat", TAKEN_BY)
-            pipe.lpos(queue_key(queue), f"pf-{job_id}-{attempt}")
+            for lane in lanes.queues(queue):
+                pipe.lpos(queue_key(lane), f"pf-{job_id}-{attempt}")
+        per_job = len(lanes.LANES) + 1
         for queue in queues:
             pipe.llen(queue_key(queue))
             pipe.smembers(f"rq:workers:{queue}")
         raw = pipe.execute()
-    per_job, per_queue = raw[: 2 * len(attempts)], raw[2 * len(attempts) :]
+    per_queue = raw[per_job * len(attempts) :]
     depth = {q: int(per_queue[2 * i]) for i, q in enumerate(queues)}
     members = {q: [_text(m).removeprefix(WORKER_PREFIX) for m in per_queue[2 * i + 1]] for i, q in enumerate(queues)}
     out = {}
     for i, (job_id, attempt, queue) in enumerate(attempts):
-        (status, worker, heartbeat, taken_by), position = per_job[2 * i], per_job[2 * i + 1]
+        (status, worker, heartbeat, taken_by), *positions = raw[per_job * i : per_job * (i + 1)]
+        # The lane it waits in (the domain queue's own when it waits in none).
+        lane, position = next(
+            ((name, p) for name, p in zip(lanes.queues(queue), positions, strict=True) if p is not None), (queue, None)
+        )
         # Taken off the queue by a worker that has not started it: that worker is the one to judge.
         taken_by = _text(taken_by) if position is None and _text(status) == "queued" and not worker else ""
         out[(job_id, attempt)] = JobRQState(
             rq_id=f"pf-{job_id}-{attempt}",
-            queue=queue,
+            queue=lane,
             in_redis=status is not None,
             rq_status=_text(status),
             position=None if position is None else int(position) + 1,
-            depth=depth[queue],
+            depth=depth[lane],
             worker=_text(worker) or taken_by,
             last_heartbeat=_utc(_text(heartbeat)),
             taken_by=taken_by,
+            behind_new=depth[queue] if lane != queue else None,
         )
     workers = read_workers(conn, {n for ns in members.values() for n in ns} | {s.worker for s in out.values()} - {""})
     for state in out.values():

@@ -9,6 +9,7 @@ RECOVERY_LANE_EVERY from the recovery lane.
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 from rq import Queue
@@ -16,6 +17,7 @@ from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
 from dispatch_app import lanes, submit
+from dispatch_app.dispatch.publisher import redis_connection
 from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.recovery.round import Round
 from dispatch_app.rqworker import PipelineWorker
@@ -62,9 +64,6 @@ def lost_and_recovered(count: int, provider) -> list[Job]:
 
 
 def _conn():
-    from dispatch_app.dispatch.publisher import redis_connection
-    from django.conf import settings
-
     return redis_connection(settings.REDIS_URL)
 
 
@@ -158,3 +157,23 @@ def test_under_saturation_one_job_in_every_n_is_recovered_work_and_the_rest_is_n
 def test_a_lane_named_alone_is_listened_on_alone(redis_conn):
     worker = PipelineWorker([RECOVERY], connection=redis_conn, name="recovery-only")
     assert [q.name for q in worker.queues] == [RECOVERY]
+
+
+def test_the_rq_side_shows_each_lane_and_where_a_recovered_job_waits(redis_conn, provider):
+    from dispatch_app.ops import rqjobs, rqside
+
+    recovered = lost_and_recovered(2, provider)
+    fresh = [submit("delivery", PAYLOADS["delivery"]) for _ in range(3)]
+    dispatch_now()
+    snap = rqside.snapshot(redis_conn)
+    seen = snap["domains"]["delivery"]
+    assert seen["depth"] == 5
+    assert {lane: v["depth"] for lane, v in seen["lanes"].items()} == {lanes.NEW: 3, lanes.RECOVERY: 2}
+    assert seen["lanes"][lanes.RECOVERY]["queue"] == RECOVERY
+    states = rqjobs.states(list(Job.objects.filter(pk__in=[j.pk for j in recovered + fresh])))
+    late = states[recovered[1].pk]
+    assert (late.queue, late.position, late.depth, late.behind_new) == (RECOVERY, 2, 2, 3)
+    text, _ = rqjobs.describe("queued", late, fmt_instant=str)
+    assert text == f"#2 of 2 in {RECOVERY} (recovery lane: taken after the 3 new job(s) waiting), 0 live workers"
+    first = states[fresh[0].pk]
+    assert (first.queue, first.position, first.behind_new) == ("delivery", 1, None)

@@ -197,9 +197,12 @@ def test_outcomes_rq_waits_rq_side_and_pauses_are_exported(redis_conn):
     assert m[("productflow_rq_queue_wait_seconds_count", (("domain", "agent"),))] == 0, wait
     assert m[("productflow_domain_paused", (("domain", "delivery"),))] == 1
     assert m[("productflow_domain_paused", (("domain", "workflow"),))] == 0
-    assert m[("productflow_rq_queue_depth", (("queue", "workflow"),))] == 2
-    assert m[("productflow_rq_live_workers", (("queue", "workflow"),))] == 0
-    assert m[("productflow_rq_oldest_job_age_seconds", (("queue", "workflow"),))] == 0  # never dispatched by us
+    new_lane = (("lane", "new"), ("queue", "workflow"))
+    late_lane = (("lane", "recovery"), ("queue", "workflow.recovery"))
+    assert m[("productflow_rq_queue_depth", new_lane)] == 2
+    assert m[("productflow_rq_queue_depth", late_lane)] == 0
+    assert m[("productflow_rq_live_workers", new_lane)] == 0
+    assert m[("productflow_rq_oldest_job_age_seconds", new_lane)] == 0  # never dispatched by us
     assert m[("productflow_rq_up", ())] == 1
 
     # A second scrape counts nothing twice.

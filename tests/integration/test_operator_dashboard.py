@@ -334,7 +334,7 @@ def test_dispatchstats_prints_the_alarms_the_rq_side_and_failures(redis_conn):
     assert "ERROR: delivery: 1 job(s) waiting in RQ queue delivery" in text
     assert "WARNING: agent: dispatch paused" in text
     row = next(line for line in text.splitlines() if line.startswith("delivery ") and "running" in line)
-    assert row.split()[1:5] == ["delivery", "1", "0", "(!)"]
+    assert row.split()[1:5] == ["delivery", "1+0", "0", "(!)"]  # new + recovery lane
     assert "PAUSED" in next(line for line in text.splitlines() if line.startswith("agent ") and "PAUSED" in line)
     out = io.StringIO()
     call_command("dispatchstats", "--json", stdout=out)

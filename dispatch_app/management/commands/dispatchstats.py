@@ -37,6 +37,14 @@ def queue_usage(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.3f}%"
 
 
+def in_rq(rq: dict) -> str:
+    """Jobs waiting in RQ, split by lane (dispatch_app.lanes): workers take the new ones first."""
+    lanes = rq.get("lanes")
+    if not lanes:
+        return str(rq.get("depth", "-"))
+    return "+".join(str(lane["depth"]) for lane in lanes.values())
+
+
 def rq_side(snap: dict) -> list[str]:
     """The dashboard's alarms, the RQ side and the failures (ops.board), when the snapshot has them."""
     if "rq" not in snap:
@@ -50,7 +58,7 @@ def rq_side(snap: dict) -> list[str]:
         [
             "domain",
             "queue",
-            "in RQ",
+            "in RQ (new+recovery)",
             "live workers",
             "oldest in RQ",
             "started/min",
@@ -72,7 +80,7 @@ def rq_side(snap: dict) -> list[str]:
             [
                 domain,
                 rq.get("queue", "-"),
-                str(rq.get("depth", "-")),
+                in_rq(rq),
                 str(rq.get("live_workers", "-")) + (" (!)" if rq.get("live_workers") == 0 and rq.get("depth") else ""),
                 fmt(rq.get("oldest_wait")),
                 str(act.get("started_per_min", "-")),
