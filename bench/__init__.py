@@ -19,6 +19,7 @@ SCENARIOS: dict[str, str] = {
     "drain": "bench.drain",
     "locked-head": "bench.locked_head",
     "recovery-storm": "bench.recovery_storm",
+    "recovery-dispatcher": "bench.recovery_dispatcher",
     "send-admission": "bench.send_admission",
     "index": "bench.index",
     "peers": "bench.peers",

@@ -1,288 +1,191 @@
-"""recovery-storm: 5 domains x 10k stale candidates while new jobs arrive at a fixed rate.
+"""recovery-storm: a backlog of stale work in every domain while new jobs arrive, measured at the job's first line.
 
-``on``: the default deployment of ``rundispatcher``: the real
-``dispatch_app.recovery`` loops, one per domain (own thread and connection,
-period 1 s, no jitter, B = 25), in the dispatcher's recovery child process at
-nice +10, its sessions committing asynchronously and its rounds yielding to an
-outbox backlog, re-dispatch or finish stale jobs through the outbox while the
-dispatch loop serves new jobs.
-``on, no yield`` (not in the default list): the same without the yield (``--recovery-no-yield``).
-``on, backends niced``: an experiment, not the product: the same, and the bench
-(root on PostgreSQL's host) renices the child's PostgreSQL backends (found by
-their application_name) to nice 10 as they appear.
-``on, as before``: the child as it was before both (``--recovery-sync-commit
---recovery-no-yield``).
-``on, in process``: the same loops as threads of the dispatcher process
-(``--recovery-in-process``; the shape measured before the child process).
-``off``: the same process and backlog, no recovery loops.
+Where a user feels it: new delivery jobs committed at a fixed rate (a producer
+process, one transaction per 5 ms), measured from the commit's return to the
+first line of the job's work (the fault suite's ledger hook, as ``peers``).
+One worker process for ``delivery`` and one for the other four queues
+(``manage.py runworkers``, each domain queue with its recovery lane), one
+dispatcher with its recovery child exactly as ``rundispatcher`` runs them.
 
-Measured: new-job latency, each domain's oldest-candidate age over time,
-effective recoveries per domain (actions / candidates scanned, from the
-recorded rounds), time sessions spent waiting for locks (pg_stat_activity
-sampled every 100 ms), and the dispatcher's connect and claim wait times.
+The backlog: ``storm_stale_per_domain`` jobs per domain left ``queued`` 1–2 h
+ago with no RQ job (Redis lost them): every round re-dispatches its batch of 25
+into the domain's recovery lane, and the recovered jobs run on the same workers
+as the new ones.
+
+Variants, run interleaved, ``--repeat`` times:
+
+- ``none@R``: no backlog, new jobs at R/s (the baseline of the ratios);
+- ``defaults@R``: the backlog, recovery at its defaults (a round per domain
+  every 30 s + up to 5 s jitter);
+- ``fast@R``: the backlog, a round per domain every second;
+- ``fast, saturated``: the recovery lane of ``delivery`` filled first, then new
+  jobs faster than the delivery worker can run them: the share recovered work
+  still gets (RECOVERY_LANE_EVERY) is ``recovered_share_pct``.
+
+Reported: new-job commit -> first line p50/p95/p99 and their ratios to
+``none`` at the same rate; recovered work's progress: jobs re-dispatched by
+recovery and recovered attempts started per minute (all domains and delivery).
 """
 
 from __future__ import annotations
 
-import threading
+import json
+import os
+import tempfile
 import time
+from collections import Counter
 
 from bench import Context, record, side_by_side
-from bench.load import latency_run, seed_stale
-from bench.stats import ratio
+from bench.load import Child, seed_stale, wait_until
+from bench.procs import Proc
+from bench.stats import cdf_points, ratio, summarize
+from bench.workers import Workers
 
 NAME = "recovery-storm"
-VARIANTS = ["off", "on", "on, backends niced", "on, as before", "on, in process"]
+RATES = (100, 200)
+VARIANTS = [f"{mode}@{r}" for r in RATES for mode in ("none", "defaults", "fast")] + ["fast, saturated"]
 STALE_SECONDS = 600.0
-
-AGE_SQL = """
-SELECT domain, extract(epoch FROM clock_timestamp() - min(updated_at))
-FROM dispatch_app_job
-WHERE status IN ('submitted', 'queued', 'running')
-  AND updated_at < clock_timestamp() - make_interval(secs => %s)
-GROUP BY domain
-"""
-
-WAIT_SQL = """
-SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*),
-       string_agg(wait_event, ',') FILTER (WHERE wait_event_type = 'Lock')
-FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
-"""
+FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
 
 
-# The bench database's client backends, split into the recovery child's (named by
-# runtime.recovery_child.recovery_sessions) and every other one (dispatcher, submitter, samplers).
-BACKENDS_SQL = """
-SELECT pid, application_name = %s FROM pg_stat_activity
-WHERE datname = current_database() AND backend_type = 'client backend'
-"""
+def _stamps(path: str) -> list[tuple[str, int, int, float]]:
+    """(domain, job, attempt, time) of every job whose work began, from the ledger hook's file."""
+    out = []
+    with open(path) as lines:
+        for line in lines:
+            domain, job_id, attempt, _pid, at = line.split()
+            out.append((domain, int(job_id), int(attempt), float(at)))
+    return out
 
 
-class CpuSplit:
-    """Where the machine's CPU went while the storm ran: PostgreSQL backends by role, and the whole machine.
-
-    Read every 0.5 s from the kernel's counters (psutil); a process keeps the last
-    value read before it ended (a backend whose session closes loses < 0.5 s).
-    """
-
-    def __init__(self):
-        import psutil
-
-        self.psutil = psutil
-        self.first: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-        self.role: dict[int, str] = {}
-        self.machine_first = self.machine_last = self._busy()
-
-    def _busy(self) -> tuple[float, float]:
-        t = self.psutil.cpu_times()
-        return time.monotonic(), t.user + t.nice + t.system + t.irq + t.softirq + t.steal
-
-    def read(self, conn) -> None:
-        from bench.cpu import process_cpu
-        from dispatch_app.runtime.recovery_child import APPLICATION_NAME
-
-        ours = {}
-        for pid, recovery in conn.execute(BACKENDS_SQL, [APPLICATION_NAME]).fetchall():
-            ours[pid] = "pg_recovery" if recovery else "pg_bench_other"
-        first_read = not self.last
-        for proc in self.psutil.process_iter(["name"]):
-            if proc.info["name"] != "postgres":
-                continue
-            pid = proc.pid
-            if pid in ours:
-                self.role[pid] = ours[pid]  # a backend seen before its session showed up is named now
-            else:
-                self.role.setdefault(pid, "pg_other_databases")
-            cpu = process_cpu(pid, children=False)
-            if cpu:
-                # A process first seen after the start began inside the window: all of its CPU counts.
-                self.first.setdefault(pid, cpu if first_read else 0.0)
-                self.last[pid] = cpu
-        self.machine_last = self._busy()
-
-    def seconds(self) -> dict[str, float]:
-        out = {"pg_recovery": 0.0, "pg_bench_other": 0.0, "pg_other_databases": 0.0}
-        for pid, cpu in self.last.items():
-            out[self.role[pid]] += cpu - self.first[pid]
-        (t0, busy0), (t1, busy1) = self.machine_first, self.machine_last
-        out["machine_busy"] = busy1 - busy0
-        out["machine_capacity"] = (t1 - t0) * (self.psutil.cpu_count() or 1)
-        return out
-
-
-RECOVERY_BACKENDS_SQL = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s"
-
-
-class Sampler:
-    def __init__(self, env, domains, *, nice_recovery_backends: int = 0):
-        self.env = env
-        self.domains = domains
-        # An experiment, not the product: with root on PostgreSQL's own host, renice the recovery child's backends.
-        self.nice_recovery_backends = nice_recovery_backends
-        self.reniced: set[int] = set()
-        self.renice_error = ""
-        self.ages: dict[str, list] = {d: [] for d in domains}
-        self.lock_wait_s = 0.0
-        self.lock_events: dict[str, float] = {}
-        self.max_backends = 0
-        self.cpu: CpuSplit | None = None
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="bench-storm-sampler")
-
-    def start(self):
-        self.t0 = time.monotonic()
-        self.thread.start()
-
-    def _run(self):
-        with self.env.raw() as conn:
-            last_age = last_cpu = 0.0
-            self.cpu = CpuSplit()
-            self.cpu.read(conn)
-            while not self._stop.wait(0.1):
-                now = time.monotonic() - self.t0
-                if now - last_cpu >= 0.5:
-                    last_cpu = now
-                    self.cpu.read(conn)
-                if self.nice_recovery_backends:
-                    self._renice(conn)
-                waiting, backends, events = conn.execute(WAIT_SQL).fetchone()
-                self.lock_wait_s += waiting * 0.1
-                for event in (events or "").split(","):
-                    if event:
-                        # e.g. "object": the commit of a NOTIFYing transaction; "transactionid": a row lock.
-                        self.lock_events[event] = self.lock_events.get(event, 0.0) + 0.1
-                self.max_backends = max(self.max_backends, backends)
-                if now - last_age >= 0.25:
-                    last_age = now
-                    seen = dict(conn.execute(AGE_SQL, [STALE_SECONDS]).fetchall())
-                    for domain in self.domains:
-                        age = seen.get(domain)
-                        self.ages[domain].append((round(now, 3), float(age) if age is not None else 0.0))
-
-    def _renice(self, conn) -> None:
-        import os
-
-        from dispatch_app.runtime.recovery_child import APPLICATION_NAME
-
-        for (pid,) in conn.execute(RECOVERY_BACKENDS_SQL, [APPLICATION_NAME]).fetchall():
-            if pid in self.reniced:
-                continue
-            try:
-                os.setpriority(os.PRIO_PROCESS, pid, self.nice_recovery_backends)
-                self.reniced.add(pid)
-            except OSError as exc:  # not root, or PostgreSQL on another host
-                self.renice_error = self.renice_error or f"{type(exc).__name__}: {exc}"
-
-    def stop(self):
-        self._stop.set()
-        if self.thread.ident is not None:
-            self.thread.join(5)
-
-
-def _rounds() -> dict[str, dict]:
-    """Per-domain totals of the recovery rounds the loops recorded (dispatch_app_recoveryround)."""
+def _redispatched(t0: float, t1: float) -> int:
+    """Jobs re-dispatched by the recovery rounds that started between two wall times (one host, one clock)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT domain, count(*), sum(scanned), sum(redispatched), sum(unknown), sum(failed), "
-            "sum(left_alone), sum(errors) FROM dispatch_app_recoveryround GROUP BY domain"
+            "SELECT coalesce(sum(redispatched), 0) FROM dispatch_app_recoveryround "
+            "WHERE started_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+            [t0, t1],
         )
-        keys = ("rounds", "scanned", "redispatched", "unknown", "failed", "left_alone", "errors")
-        return {row[0]: dict(zip(keys, (int(v or 0) for v in row[1:]), strict=True)) for row in cursor.fetchall()}
+        return int(cursor.fetchone()[0])
+
+
+def _lane_depth(env, queue: str) -> int:
+    return int(env.redis().llen(f"rq:queue:{queue}"))
 
 
 def run(ctx: Context) -> list[dict]:
-    from dispatch_app.demo_payloads import demo_domain_keys as domain_keys  # the shipped five (a demo payload each)
+    from dispatch_app import lanes
+    from dispatch_app.demo_payloads import demo_domain_keys
 
     env = ctx.env
-    domains = list(domain_keys())
-    per_domain = int(ctx.size("storm_stale_per_domain", 10_000, 200))
-    rate = ctx.size("storm_rate", 200.0, 200.0)
-    seconds = ctx.size("storm_seconds", 8.0, 0.6)
-    period = ctx.size("storm_period_s", 1.0, 0.2)
+    domains = list(demo_domain_keys())
+    per_domain = int(ctx.size("storm_stale_per_domain", 4000, 60))
+    seconds = ctx.size("storm_seconds", 40.0, 1.0)
+    saturated_rate = ctx.size("storm_saturated_rate", 800.0, 400.0)
+    saturated_backlog = int(ctx.size("storm_saturated_backlog", 300, 25))
 
     def run_one(variant: str, index: int):
+        mode, _, rate_text = variant.partition("@")
+        saturated = variant == "fast, saturated"
+        rate = saturated_rate if saturated else float(rate_text)
         env.reset()
-        seed_stale(per_domain, domains)
-        sampler = Sampler(env, domains, nice_recovery_backends=10 if "backends niced" in variant else 0)
-        spec = {"kind": "dispatch", "listen": True, "poll": 1.0}
-        extra_specs = []
-        if variant.startswith("on"):
-            overrides = {
-                "PERIOD_SECONDS": period,
-                "JITTER_SECONDS": 0.0,
-                "BATCH_SIZE": 25,
-                "QUEUED_STALE_SECONDS": STALE_SECONDS,
-            }
-            recovery = {"domains": domains, "overrides": {d: dict(overrides) for d in domains}}
-            # Only "on, in process" keeps the loops as threads of the dispatcher (as measured before the child).
-            in_process = variant == "on, in process"
-            spec["real_recovery"] = recovery
-            spec["recovery_in_process"] = in_process
-            spec["recovery_sync_commit"] = "as before" in variant
-            spec["recovery_no_yield"] = "as before" in variant or "no yield" in variant
+        if mode != "none":
+            seed_stale(per_domain, domains)
+        overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if mode.startswith("fast") else {})}
+        spec = {
+            "kind": "dispatch",
+            "listen": True,
+            "poll": 1.0,
+            "real_recovery": {"domains": domains, "overrides": {d: dict(overrides) for d in domains}},
+        }
+        stamps = tempfile.NamedTemporaryFile(prefix="pf-storm-stamps-", delete=False)
+        stamps.close()
+        child = Child(env, spec)
+        workers: list[Workers] = []
+        producer = None
+        metrics: dict = {}
         try:
-            metrics, series, child = latency_run(
-                env, spec, rate=rate, count=int(rate * seconds), before=sampler.start, extra_specs=extra_specs
+            if saturated:
+                # The recovery lane holds work before the new jobs come: the share is then always owed.
+                late = lanes.queue_name("delivery", lanes.RECOVERY)
+                if not wait_until(lambda: _lane_depth(env, late) >= saturated_backlog, timeout=120, interval=0.1):
+                    raise RuntimeError(f"the recovery lane never reached {saturated_backlog} jobs")
+            others = [d for d in domains if d != "delivery"]
+            workers.append(Workers(env, "pipeline", ["delivery"], 1, run_stamps=stamps.name))
+            workers.append(Workers(env, "pipeline", others, 1, run_stamps=stamps.name))
+            producer = Proc(["bench.producer", json.dumps({"domain": "delivery"})], env.child_env())
+            count = max(5, int(rate * seconds))
+            t_go = time.time()
+            out = producer.run(120 + count / 20, count=count, rate=rate)
+            t_end = time.time()
+            committed = {int(k): v for k, v in out["committed"].items()}
+            if saturated:
+                metrics["new_lane_depth_at_end"] = _lane_depth(env, "delivery")
+                metrics["recovery_lane_depth_at_end"] = _lane_depth(env, lanes.queue_name("delivery", lanes.RECOVERY))
+
+            def new_started() -> int:
+                return sum(1 for _, j, a, _ in _stamps(stamps.name) if a == 1 and j in committed)
+
+            wait_until(lambda: new_started() >= len(committed), timeout=60 + count / 50, interval=0.2)
+            seen = _stamps(stamps.name)
+            first = {}
+            for domain, job_id, attempt, at in seen:
+                if domain == "delivery" and attempt == 1 and job_id in committed:
+                    first.setdefault(job_id, at)
+            lat = [(first[i] - committed[i]) * 1000 for i in committed if i in first]
+            summary = summarize(lat)
+            metrics.update(
+                {
+                    "jobs": len(committed),
+                    "missing": len(committed) - len(lat),
+                    "achieved_rate": out["jobs"] / out["elapsed"] if out.get("elapsed") else None,
+                    **{f"start_{k}_ms": summary[k] for k in ("p50", "p95", "p99", "max")},
+                }
             )
+            # Recovered work's own progress over the submission window (attempts > 1 whose work began).
+            window = max(t_end - t_go, 1e-6)
+            recovered = [(d, at) for d, _, a, at in seen if a > 1 and t_go <= at <= t_end]
+            by_domain = Counter(d for d, _ in recovered)
+            metrics["recovered_started_per_min"] = 60.0 * len(recovered) / window
+            metrics["recovered_delivery_started_per_min"] = 60.0 * by_domain["delivery"] / window
+            metrics["redispatched"] = _redispatched(t_go, t_end)
+            metrics["redispatched_per_min_per_domain"] = 60.0 * metrics["redispatched"] / len(domains) / window
+            if saturated:
+                # Of what the delivery worker started while the new jobs came faster than it ran them.
+                in_window = [a for d, _, a, at in seen if d == "delivery" and t_go <= at <= t_end]
+                late_runs = sum(1 for a in in_window if a > 1)
+                metrics["delivery_started_in_window"] = len(in_window)
+                metrics["recovered_share_pct"] = 100.0 * late_runs / len(in_window) if in_window else None
+            series = {"db_cdf": cdf_points(lat)}
+            return metrics, series
         finally:
-            sampler.stop()
-        rec = _rounds()
-        scanned = sum(d["scanned"] for d in rec.values())
-        actions = sum(d["redispatched"] + d["unknown"] + d["failed"] for d in rec.values())
-        metrics.update(
-            {
-                "recovered": actions,
-                "scanned": scanned,
-                "effective_pct": 100.0 * actions / scanned if scanned else None,
-                "lock_wait_s": sampler.lock_wait_s,
-                **{f"lock_wait_s.{event}": seconds for event, seconds in sampler.lock_events.items()},
-                "connect_s": child.stats.get("connect_wait_s"),
-                "claim_lock_wait_s": child.stats.get("claim_wait_s"),
-                # The dispatcher's drains by what woke them, what they claimed, and its NOTIFY arm changes.
-                **{k: v for k, v in child.stats.items() if k.startswith(("drains", "notify_")) or k == "claimed"},
-                "max_backends": sampler.max_backends,
-                "reniced_backends": len(sampler.reniced),
-                # Where the dispatcher side's CPU went: the dispatcher process, its recovery child, another process.
-                "cpu_dispatcher_s": child.stats.get("cpu_self_s"),
-                "cpu_recovery_child_s": child.stats.get("cpu_children_s"),
-                "cpu_other_process_s": sum(
-                    e.get("cpu_self_s", 0) + e.get("cpu_children_s", 0) for e in child.stats.get("extra", [])
-                ),
-                # PostgreSQL's side, over the sampled window: the recovery child's backends (0 where recovery
-                # runs as threads: their sessions are not named apart), the bench database's other backends,
-                # every other PostgreSQL process, and the machine's busy core-seconds against its capacity.
-                **{f"cpu_{k}_s": v for k, v in (sampler.cpu.seconds() if sampler.cpu else {}).items()},
-            }
-        )
-        for domain, d in rec.items():
-            acted = d["redispatched"] + d["unknown"] + d["failed"]
-            metrics[f"{domain}.recovered"] = acted
-            metrics[f"{domain}.effective_pct"] = 100.0 * acted / d["scanned"] if d["scanned"] else None
-            metrics[f"{domain}.rounds"] = d["rounds"]
-        for domain, points in sampler.ages.items():
-            if points:
-                metrics[f"{domain}.oldest_age_drop_s"] = points[0][1] - points[-1][1]
-        series["oldest_age"] = sampler.ages
-        return metrics, series
+            if producer is not None:
+                producer.stop()
+            for w in workers:
+                w.stop()
+            child.stop()
+            os.unlink(stamps.name)
 
     out = side_by_side(ctx, NAME, VARIANTS, run_one)
     params = {
         "stale_per_domain": per_domain,
         "domains": len(domains),
-        "rate_per_s": rate,
         "seconds": seconds,
-        "recovery_period_s": period,
-        "recovery_batch": 25,
+        "worker_processes": "1 for delivery, 1 for the other four queues",
+        "saturated_rate": saturated_rate,
     }
     records = [
-        record(NAME, v, dict(params, recovery=v), out["runs"][v], out["series"][v], error=out["errors"].get(v))
+        record(NAME, v, dict(params, variant=v), out["runs"][v], out["series"][v], error=out["errors"].get(v))
         for v in VARIANTS
     ]
-    base = records[0]["metrics"].get("db_p99_ms")
-    for rec in records:
-        if rec["metrics"]:
-            rec["metrics"]["p99_x_off"] = ratio(rec["metrics"].get("db_p99_ms"), base)
+    by_variant = {r["variant"]: r["metrics"] for r in records}
+    for r in RATES:
+        base = by_variant.get(f"none@{r}") or {}
+        for mode in ("none", "defaults", "fast"):
+            m = by_variant.get(f"{mode}@{r}")
+            if m:
+                m["p50_x_none"] = ratio(m.get("start_p50_ms"), base.get("start_p50_ms"))
+                m["p99_x_none"] = ratio(m.get("start_p99_ms"), base.get("start_p99_ms"))
     return records

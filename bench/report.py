@@ -11,7 +11,24 @@ HEADLINES: dict[str, list[str]] = {
     "isolation": ["db_p50_ms", "db_p99_ms", "client_p99_ms", "db_max_ms", "p99_x_unloaded"],
     "drain": ["envelopes", "drain_s", "rate_per_s", "extra_wait_s", "predicted_extra_wait_s"],
     "locked-head": ["later_rows_s", "head_rows_s", "hold_s", "later_x_skip_locked"],
-    "recovery-storm": ["db_p50_ms", "db_p99_ms", "p99_x_off", "recovered", "effective_pct", "lock_wait_s", "connect_s"],
+    "recovery-storm": [
+        "start_p50_ms",
+        "start_p99_ms",
+        "p50_x_none",
+        "p99_x_none",
+        "recovered_started_per_min",
+        "redispatched_per_min_per_domain",
+        "recovered_share_pct",
+    ],
+    "recovery-dispatcher": [
+        "db_p50_ms",
+        "db_p99_ms",
+        "p99_x_off",
+        "recovered",
+        "effective_pct",
+        "lock_wait_s",
+        "connect_s",
+    ],
     "send-admission": ["largest_batch", "peak_threads", "peak_rss_mb", "peak_vms_mb", "seconds"],
     "index": ["envelopes_per_s", "claim_p50_ms", "claim_p99_ms", "plan_ms", "index_mb", "x_partial"],
     "submit-cost": ["cpu_ms_per_submit", "cpu_x_plain", "wall_ms_per_submit"],
@@ -183,7 +200,7 @@ def plots(records: list[dict], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
-    for scenario in ("idle-latency", "isolation", "recovery-storm", "peers"):
+    for scenario in ("idle-latency", "isolation", "recovery-dispatcher", "recovery-storm", "peers"):
         recs = [r for r in by_scenario.get(scenario, []) if r["series"].get("db_cdf")]
         if not recs:
             continue
@@ -195,6 +212,8 @@ def plots(records: list[dict], out: Path) -> list[Path]:
         ax.set_xlabel(
             "commit -> job start, ms (1 worker process, 200 jobs/s; log scale)"
             if scenario == "peers"
+            else "commit -> the new job's first line, ms (log scale)"
+            if scenario == "recovery-storm"
             else "commit -> in RQ, ms (dispatched_at - submitted_at, DB clock; log scale)"
         )
         ax.set_ylabel("fraction of jobs")
@@ -219,7 +238,7 @@ def plots(records: list[dict], out: Path) -> list[Path]:
             ax.legend(fontsize=8)
         save(fig, "drain-progress.png")
 
-    storm = [r for r in by_scenario.get("recovery-storm", []) if r["series"].get("oldest_age")]
+    storm = [r for r in by_scenario.get("recovery-dispatcher", []) if r["series"].get("oldest_age")]
     if storm:
         fig, axes = plt.subplots(1, len(storm), figsize=(5 * len(storm), 4), squeeze=False, sharey=True)
         for ax, rec in zip(axes[0], storm, strict=True):
@@ -233,7 +252,7 @@ def plots(records: list[dict], out: Path) -> list[Path]:
             ax.set_ylabel("minutes")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
-        save(fig, "recovery-storm-candidate-age.png")
+        save(fig, "recovery-dispatcher-candidate-age.png")
 
     admission = [r for r in by_scenario.get("send-admission", []) if r["series"].get("by_batch")]
     if admission:
