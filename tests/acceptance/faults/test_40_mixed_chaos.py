@@ -154,6 +154,55 @@ class Load(threading.Thread):
             self.error = exc
 
 
+class Chaos:
+    """Runs a fault schedule (``plan_schedule``) against the given dispatchers and workers, replacing the killed."""
+
+    def __init__(self, stack, redis, postgres, rng, start_dispatcher, start_worker):
+        self.stack, self.redis, self.postgres, self.rng = stack, redis, postgres, rng
+        self.start_dispatcher, self.start_worker = start_dispatcher, start_worker
+        self.done: Counter = Counter()
+        self.mid_job_kills = self.backends_terminated = 0
+
+    def run(self, schedule, dispatchers: list, workers: list, load, seconds: float = CHAOS_SECONDS) -> None:
+        started = time.monotonic()
+        for at, kind in schedule:
+            pause = started + at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self.stack.check_alive()
+            assert load.error is None, load.error
+            self.fault(kind, dispatchers, workers)
+            self.done[kind] += 1
+        pause = started + seconds - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+
+    def fault(self, kind: str, dispatchers: list, workers: list) -> None:
+        rng = self.rng
+        if kind == "kill_dispatcher":
+            slot = rng.randrange(len(dispatchers))
+            dispatchers[slot].send(signal.SIGKILL)
+            dispatchers[slot].wait(timeout=10)
+            dispatchers[slot] = self.start_dispatcher(slot)
+        elif kind == "kill_worker":
+            busy = busy_workers(self.stack, workers)
+            self.mid_job_kills += bool(busy)
+            slot = rng.choice(busy) if busy else rng.randrange(len(workers))
+            workers[slot].send(signal.SIGKILL)
+            workers[slot].wait(timeout=10)
+            workers[slot] = self.start_worker(slot)
+        elif kind == "terminate_backends":
+            self.backends_terminated += self.stack.scalar(TERMINATE_APP, [APP])
+        elif kind == "crash_postgres":
+            self.postgres.stop("immediate")
+            time.sleep(rng.uniform(0.3, 1.2))
+            self.postgres.start()
+        else:
+            self.redis.stop()
+            time.sleep(rng.uniform(0.2, 1.5))
+            self.redis.start()
+
+
 def wait_settled(stack, since: float, after: str) -> float:
     """Bounded wait until no job is active, every process alive meanwhile; seconds since ``since``."""
     wait_until(
@@ -174,14 +223,9 @@ def check_submits(stack, load) -> int:
     return len(present)
 
 
-def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, private_redis, private_postgres):
-    stack = private_stack
-    if CRASH:
-        # The private server runs without durability; a crash must lose only the project's asynchronous commits.
-        database = stack.scalar("SELECT current_database()")
-        stack.sql(f'ALTER DATABASE "{database}" SET synchronous_commit = on')
-    call_log = stack.tmp / "vendor-calls.log"
-    env = {
+def chaos_env(stack, call_log) -> dict:
+    """The processes' environment: the app's backends named APP, a failing and slow provider, short bounds."""
+    return {
         "PGAPPNAME": APP,
         "DISPATCH_PROVIDER_FAILURE_RATE": 0.1,
         "DISPATCH_PROVIDER_LATENCY_MS": 60,
@@ -194,6 +238,16 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
         # A 3 s lease (a killed dispatcher's claims come back soon) needs Redis calls that give up within it.
         **short_redis_timeouts(stack.redis_url, 0.5),
     }
+
+
+def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, private_redis, private_postgres):
+    stack = private_stack
+    if CRASH:
+        # The private server runs without durability; a crash must lose only the project's asynchronous commits.
+        database = stack.scalar("SELECT current_database()")
+        stack.sql(f'ALTER DATABASE "{database}" SET synchronous_commit = on')
+    call_log = stack.tmp / "vendor-calls.log"
+    env = chaos_env(stack, call_log)
 
     def start_dispatcher(slot: int):
         return stack.dispatcher("--poll-interval", "1", "--lease", "3", name=f"dispatcher{slot}", recovery=True, **env)
@@ -210,45 +264,13 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
 
     load = Load(stack, tolerant=CRASH)
     load.start()
-    done = Counter()
-    mid_job_kills = backends_terminated = 0
-    chaos_started = time.monotonic()
     try:
-        for at, kind in schedule:
-            pause = chaos_started + at - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            stack.check_alive()
-            assert load.error is None, load.error
-            if kind == "kill_dispatcher":
-                slot = rng.randrange(len(dispatchers))
-                dispatchers[slot].send(signal.SIGKILL)
-                dispatchers[slot].wait(timeout=10)
-                dispatchers[slot] = start_dispatcher(slot)
-            elif kind == "kill_worker":
-                busy = busy_workers(stack, workers)
-                mid_job_kills += bool(busy)
-                slot = rng.choice(busy) if busy else rng.randrange(len(workers))
-                workers[slot].send(signal.SIGKILL)
-                workers[slot].wait(timeout=10)
-                workers[slot] = start_worker(slot)
-            elif kind == "terminate_backends":
-                backends_terminated += stack.scalar(TERMINATE_APP, [APP])
-            elif kind == "crash_postgres":
-                private_postgres.stop("immediate")
-                time.sleep(rng.uniform(0.3, 1.2))
-                private_postgres.start()
-            else:
-                private_redis.stop()
-                time.sleep(rng.uniform(0.2, 1.5))
-                private_redis.start()
-            done[kind] += 1
-        pause = chaos_started + CHAOS_SECONDS - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+        chaos = Chaos(stack, private_redis, private_postgres, rng, start_dispatcher, start_worker)
+        chaos.run(schedule, dispatchers, workers, load)
     finally:
         load.stop.set()
         load.join(timeout=60)
+    done, mid_job_kills, backends_terminated = chaos.done, chaos.mid_job_kills, chaos.backends_terminated
     assert load.error is None, load.error
     chaos_over = time.monotonic()
     jobs = list(load.ids)
