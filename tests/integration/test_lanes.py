@@ -177,3 +177,15 @@ def test_the_rq_side_shows_each_lane_and_where_a_recovered_job_waits(redis_conn,
     assert text == f"#2 of 2 in {RECOVERY} (recovery lane: taken after the 3 new job(s) waiting), 0 live workers"
     first = states[fresh[0].pk]
     assert (first.queue, first.position, first.behind_new) == ("delivery", 1, None)
+
+
+def test_the_timeline_says_a_recovered_job_waits_in_the_recovery_lane_behind_new_jobs(redis_conn, provider, client):
+    from django.contrib.auth.models import User
+
+    recovered = lost_and_recovered(1, provider)
+    [submit("delivery", PAYLOADS["delivery"]) for _ in range(2)]
+    dispatch_now()
+    client.force_login(User.objects.create_superuser("op", "op@example.invalid", "pw"))
+    page = client.get(f"/admin/dispatch_app/job/{recovered[0].pk}/timeline/")
+    assert page.status_code == 200
+    assert b'id="pf-rq-lane">in the recovery lane, behind 2 new jobs that workers take first' in page.content

@@ -42,3 +42,9 @@ def test_bad_queues_name_what_is_wrong(text, message):
     with pytest.raises(BadQueues, match=message) as caught:
         parse_queues(text)
     assert "valid queues: " + ", ".join(queue_names()) in str(caught.value)
+
+
+def test_a_lane_can_be_named_alone_and_an_unknown_lane_is_refused():
+    assert parse_queues("delivery.recovery") == ("delivery.recovery",)
+    with pytest.raises(BadQueues, match=r"unknown queue\(s\) delivery\.urgent.*delivery\.recovery"):
+        parse_queues("delivery.urgent")
