@@ -96,8 +96,11 @@ def test_kill_9_mid_job_leaves_true_registries_and_dead_worker_evidence(private_
     # The registries end true: finished jobs in the finished registry, nothing queued or taken,
     # the dead worker gone from RQ's worker set, its execution failed by RQ's own cleanup after its TTL.
     finished = FinishedJobRegistry("delivery", connection=conn).get_job_ids()
-    assert sorted(finished) == sorted([f"pf-{running}-2", *(f"pf-{j}-1" for j in others)])
-    assert conn.llen("rq:queue:delivery") == 0 and conn.llen("rq:queue:delivery:intermediate") == 0
+    assert sorted(finished) == sorted(f"pf-{j}-1" for j in others)
+    # The re-dispatched attempt went through the recovery lane (dispatch_app.lanes) and finished there.
+    assert FinishedJobRegistry("delivery.recovery", connection=conn).get_job_ids() == [f"pf-{running}-2"]
+    for lane in ("delivery", "delivery.recovery"):
+        assert conn.llen(f"rq:queue:{lane}") == 0 and conn.llen(f"rq:queue:{lane}:intermediate") == 0
     assert name not in worker_names(conn)
     started.cleanup(timestamp=time.time() + 10_000)
     assert started.get_job_ids() == []
