@@ -7,6 +7,7 @@ database timestamps; an unfinished stage is measured up to the database clock re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -152,9 +153,19 @@ def _data(data) -> str:
 
 
 def format_duration(value: timedelta | float | None) -> str:
-    if value is None:
+    """A duration for people; anything that is not one ("" from a template's missing key, None) reads "–":
+    the pages show what is unknown, they never fail on it."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif value is None or isinstance(value, (str, bool)):
         return "–"
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    else:
+        try:
+            seconds = float(value)  # int, float, Decimal
+        except (TypeError, ValueError):
+            return "–"
+    if not math.isfinite(seconds):
+        return "–"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:
