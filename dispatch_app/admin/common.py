@@ -7,7 +7,9 @@ from datetime import timedelta
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.http import HttpResponseRedirect
 
+from dispatch_app.admin import untrusted
 from dispatch_app.dbtime import ClockTimestamp
 
 DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
@@ -54,11 +56,28 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         self._refuse_unless_viewable(request)
+        refused = refuse_untrusted(request)
+        if refused:
+            # Back to the bare list, the reason shown on it; nothing was read or written with the bad input.
+            self.message_user(request, refused, messages.ERROR)
+            return HttpResponseRedirect(request.path)
         return super().changelist_view(request, extra_context)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         self._refuse_unless_viewable(request)
         return super().change_view(request, object_id, form_url, extra_context)
+
+
+def refuse_untrusted(request) -> str | None:
+    """Why a list request is refused (a NUL anywhere, a selected row that is not an id), or None."""
+    bad = untrusted.nul_parameter(request.GET, request.POST)
+    if bad is not None:
+        return f"The parameter {bad!r} contains a NUL character; it was refused and nothing was done."
+    if request.method == "POST" and "action" in request.POST:
+        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        if untrusted.parse_ids(selected) is None:
+            return "A selected row is not a valid id; nothing was done."
+    return None
 
 
 def report(modeladmin, request, outcomes) -> None:

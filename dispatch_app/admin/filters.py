@@ -8,6 +8,7 @@ from django.contrib import admin
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
 
 from dispatch_app.admin.common import older_than
+from dispatch_app.admin.untrusted import parse_id
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
@@ -141,9 +142,10 @@ class RecoveryDecisionFilter(admin.SimpleListFilter):
 
     def _parsed(self) -> tuple[int, str] | None:
         round_id, _, kind = (self.value() or "").partition(":")
-        if not round_id.isdigit() or kind not in self.KINDS:
+        parsed = parse_id(round_id)
+        if parsed is None or kind not in self.KINDS:
             return None
-        return int(round_id), kind
+        return parsed, kind
 
     def lookups(self, request, model_admin):
         parsed = self._parsed()

@@ -21,6 +21,7 @@ from dispatch_app.admin.filters import (
     WorkerFilter,
 )
 from dispatch_app.admin.timeline import TimelineViews
+from dispatch_app.admin.untrusted import parse_id, parse_ids
 from dispatch_app.models import Job
 from dispatch_app.ops import actions, rqjobs, timeline
 from dispatch_app.ops.timeline import format_duration
@@ -70,9 +71,9 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         # A number is a job id, exactly: "5" finds job 5, not every vendor request id containing a 5.
-        term = search_term.strip().lstrip("#")
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
+        job_id = parse_id(search_term.strip().lstrip("#"))
+        if job_id is not None:
+            return queryset.filter(pk=job_id), False
         return super().get_search_results(request, queryset, search_term)
 
     def _stage(self, obj, key: str) -> str:
@@ -135,43 +136,76 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
     def has_cancel_permission(self, request):
         return request.user.has_perm("dispatch_app.cancel_job")
 
-    @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
-    def retry_now(self, request, queryset):
-        confirmed = request.POST.get("confirmed") == "yes"
-        if confirmed:
-            # Exactly the jobs the confirmation page listed. The confirming POST goes to the filtered list's URL,
-            # so ``queryset`` is that filter applied again: a job that left it while the operator read the page
-            # (the failures link's finished_within=5m) would silently drop out. Each is re-checked under lock.
-            posted = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
-            ids = sorted({int(v) for v in posted if v.isdigit()})
-        else:
-            ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
+    def _selected_ids(self, request, queryset) -> tuple[bool, list[int] | None]:
+        """(confirmed?, the job ids the action is about), or ids None after a message (too many).
+
+        Confirmed: exactly the jobs the confirmation page listed (its hidden fields). The confirming POST goes to
+        the filtered list's URL and may carry select_across=1, so ``queryset`` is that filter applied again: a
+        job that joined it meanwhile was never shown, one that left it (the failures link's finished_within=5m)
+        was. Each listed job is re-checked under lock by the action itself."""
+        if request.POST.get("confirmed") == "yes":
+            return True, parse_ids(request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)) or []
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
         if len(ids) > RETRY_CONFIRM_MAX:
             self.message_user(
                 request, f"More than {RETRY_CONFIRM_MAX} jobs selected; narrow the filter.", messages.ERROR
             )
+            return False, None
+        return False, ids
+
+    def _confirm_page(self, request, template: str, title: str, action: str, ids: list[int], **extra):
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "ids": ids,
+            "action": action,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            **extra,
+        }
+        return TemplateResponse(request, template, context)
+
+    @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        confirmed, ids = self._selected_ids(request, queryset)
+        if ids is None:
             return None
         if not confirmed:
             # An intermediate page first: per domain, whether re-running is safe and which vendor requests
             # are in doubt. Nothing changes until the operator confirms.
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Retry these jobs?",
-                "opts": self.model._meta,
-                "plans": actions.retry_plan(ids),
-                "ids": ids,
-                "action": "retry_now",
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            }
-            return TemplateResponse(request, "admin/dispatch_app/job/retry_confirm.html", context)
+            return self._confirm_page(
+                request,
+                "admin/dispatch_app/job/retry_confirm.html",
+                "Retry these jobs?",
+                "retry_now",
+                ids,
+                plans=actions.retry_plan(ids),
+            )
         report(self, request, [actions.retry_job_now(pk, user=request.user) for pk in ids])
         return None
 
-    @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
+    @admin.action(description="Cancel the selected jobs (asks for a reason first)", permissions=["cancel"])
     def cancel(self, request, queryset):
-        report(
-            self, request, [actions.cancel_job(pk, user=request.user) for pk in queryset.values_list("pk", flat=True)]
-        )
+        confirmed, ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return None
+        reason = request.POST.get("reason", "").strip()
+        if not confirmed or not reason:
+            # Every job listed by id, domain and status; the reason goes on each job's event and the admin log.
+            jobs = list(Job.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "domain", "status"))
+            return self._confirm_page(
+                request,
+                "admin/dispatch_app/job/cancel_confirm.html",
+                "Cancel these jobs?",
+                "cancel",
+                [pk for pk, _, _ in jobs],
+                jobs=jobs,
+                finished=[j for j in jobs if j[2] not in timeline.STAGE_BY_STATUS],
+                reason=reason,
+                error="A reason is required." if confirmed else "",
+            )
+        report(self, request, [actions.cancel_job(pk, user=request.user, reason=reason) for pk in ids])
+        return None
 
     def get_urls(self):
         view = self.admin_site.admin_view

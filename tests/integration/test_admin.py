@@ -90,11 +90,13 @@ def test_an_action_needs_its_own_permission(client):
     assert j.status == "submitted" and not JobEvent.objects.filter(kind="operator_cancel").exists()
 
     client.force_login(staff("canceller", *VIEW, "dispatch_app.cancel_job"))
-    client.post(JOBS, {"action": "cancel", "_selected_action": [j.pk]}, follow=True)
+    confirm = {"action": "cancel", "_selected_action": [j.pk], "confirmed": "yes", "reason": "customer left"}
+    client.post(JOBS, confirm, follow=True)
     j.refresh_from_db()
     assert j.status == "cancelled" and j.finished_at is not None
     event = JobEvent.objects.get(job=j, kind="operator_cancel")
     assert "canceller" in event.reason and event.data == {"previous_status": "submitted"}
+    assert event.actor == "canceller" and "customer left" in event.reason
 
 
 @pytest.mark.django_db
