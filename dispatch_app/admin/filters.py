@@ -175,3 +175,19 @@ class WorkerFilter(admin.SimpleListFilter):
         if not self.value():
             return queryset
         return queryset.filter(pk__in=JobAttempt.objects.filter(worker=self.value()).values("job_id"))
+
+
+class ErrorFilter(admin.SimpleListFilter):
+    """Jobs whose error starts with a message (the failure alarm's top errors link here; the first line of an
+    error is its exception's class and message). Shown in the sidebar only while in use."""
+
+    title = "error"
+    parameter_name = "error"
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value()[:80])] if self.value() else []
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        return queryset.filter(error__startswith=self.value())

@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from dispatch_app import stages
@@ -14,6 +15,7 @@ from dispatch_app.admin.dashboard import DashboardViews
 from dispatch_app.admin.filters import (
     AgeFilter,
     DomainFilter,
+    ErrorFilter,
     FinishedWithinFilter,
     RecoveryDecisionFilter,
     StageFilter,
@@ -45,6 +47,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         "queue_wait",
         "run_time",
         "rq_side",
+        "short_error",
         "timeline_link",
     )
     list_filter = (
@@ -56,6 +59,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         FinishedWithinFilter,
         RecoveryDecisionFilter,
         WorkerFilter,
+        ErrorFilter,
     )
     search_fields = ("=id", "vendor_request_id")
     ordering = ("-id",)
@@ -125,6 +129,14 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         for job in page:
             job._rq = found.get(job.pk)
         return changelist
+
+    @admin.display(description="last error")
+    def short_error(self, obj):
+        """The error's first line (exception class and message), cut: the timeline has the rest."""
+        first = (obj.error or "").split("\n", 1)[0]
+        if not first:
+            return "–"
+        return format_html('<span class="pf-error" title="{}">{}</span>', first, Truncator(first).chars(90))
 
     @admin.display(description="timeline")
     def timeline_link(self, obj):
