@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db import connection
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -24,8 +25,9 @@ from dispatch_app.admin.filters import (
 )
 from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.admin.untrusted import parse_id, parse_ids
+from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops import actions, rqjobs, timeline
+from dispatch_app.ops import actions, blockers, rqjobs, stats, timeline
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 
@@ -71,7 +73,8 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
 
     def get_queryset(self, request):
         # The stage columns are the current attempt's (dispatch_app.stages), fetched with the page.
-        return stages.annotate_current(super().get_queryset(request).annotate(_age=since("submitted_at")))
+        qs = super().get_queryset(request).annotate(_age=since("submitted_at"), _updated=since("updated_at"))
+        return stages.annotate_current(qs)
 
     def get_search_results(self, request, queryset, search_term):
         # A number is a job id, exactly: "5" finds job 5, not every vendor request id containing a 5.
@@ -88,12 +91,19 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
             return "–"
         return format_duration(stage.duration) + (" so far" if stage.ongoing else "")
 
-    @admin.display(description="waiting in")
+    @admin.display(description="waiting in: behind what")
     def waiting_in(self, obj):
         if not hasattr(obj, "_now"):
-            return timeline.waiting_stage(obj.status)
-        key = stages.current_attempt(obj).waiting_in(obj._now)
-        return stages.SHORT.get(key, key)
+            where = timeline.waiting_stage(obj.status)
+        else:
+            key = stages.current_attempt(obj).waiting_in(obj._now)
+            where = stages.SHORT.get(key, key)
+        blocker = getattr(obj, "_blocker", None)
+        if blocker is None or not blocker.text:
+            return where
+        if blocker.alarming:
+            return format_html('{}: <span class="pf-blocker pf-red">{}</span>', where, blocker.text)
+        return format_html('{}: <span class="pf-blocker">{}</span>', where, blocker.text)
 
     @admin.display(description="age", ordering="submitted_at")
     def age(self, obj):
@@ -117,7 +127,12 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
 
     @admin.display(description="RQ side")
     def rq_side(self, obj):
-        text, alarming = rqjobs.describe(obj.status, getattr(obj, "_rq", None), fmt_instant=utc)
+        state = getattr(obj, "_rq", None)
+        text, alarming = rqjobs.describe(obj.status, state, fmt_instant=utc)
+        if alarming and obj.status == "running" and state is not None and not state.error:
+            # A dead worker holds it: say when recovery acts, with the setting that decides.
+            updated = getattr(obj, "_updated", None)
+            text += "; " + blockers.recovery_eta_for(obj.domain, updated.total_seconds() if updated else None)
         return format_html('<span class="pf-rq-side pf-red">{}</span>', text) if alarming else text
 
     def get_changelist_instance(self, request):
@@ -128,6 +143,17 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         found = rqjobs.states(page)
         for job in page:
             job._rq = found.get(job.pk)
+        # The outbox side, for the page's jobs not in RQ yet: their envelope, the pause, a live dispatcher.
+        waiting = [job for job in page if job.status == "submitted"]
+        if waiting:
+            with connection.cursor() as cursor:
+                envelopes = blockers.envelopes_of(cursor, [job.pk for job in waiting])
+                paused = actions.paused_domains(cursor)
+                alive = blockers.live_dispatcher(stats.dispatchers(cursor, dispatch_settings().HEARTBEAT_STALE_SECONDS))
+            for job in waiting:
+                job._blocker = blockers.outbox(
+                    job.status, job.attempt, envelopes.get(job.pk), paused.get(job.domain), alive
+                )
         return changelist
 
     @admin.display(description="last error")
