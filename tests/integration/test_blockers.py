@@ -9,9 +9,9 @@ import uuid
 import pytest
 from django.contrib.auth.models import User
 
-from dispatch_app.models import DispatcherProcess
+from dispatch_app.models import DispatcherProcess, JobEvent
 from dispatch_app.ops import actions
-from tests.integration.opsdata import envelope, job, sql
+from tests.integration.opsdata import ago, attempt_row, envelope, job, sql
 
 JOBS = "/admin/dispatch_app/job/"
 pytestmark = pytest.mark.django_db
@@ -70,3 +70,60 @@ def test_the_list_names_each_outbox_blocker(operator):
     DispatcherProcess.objects.all().delete()  # nobody to send it
     page = operator.get(JOBS).content.decode()
     assert "due, and no live dispatcher to send it" in waiting_cell(page, due.pk)
+
+
+def test_the_timeline_names_the_pause_shows_it_as_its_own_stage_and_lists_pause_and_resume(operator):
+    j = job("agent", "submitted", submitted_ago=100)
+    sql(f"UPDATE dispatch_app_jobattempt SET created_at = {ago(100)} WHERE job_id = %s", [j.pk])
+    envelope(j, "pending", created_ago=100)
+    actions.pause_domain("agent", reason="vendor down")
+    sql(f"UPDATE dispatch_app_domainpauseevent SET at = {ago(60)}")  # paused 60 s ago
+    page = operator.get(f"{JOBS}{j.pk}/timeline/").content.decode()
+    blocker = re.search(r'<span id="pf-blocker" data-kind="paused" class="pf-red">(.*?)</span>', page, re.S)
+    assert blocker and "paused by system" in blocker.group(1) and "vendor down" in blocker.group(1)
+    paused_row = re.search(r'<tr class="pf-stage-paused">.*?</tr>', page, re.S).group(0)
+    assert re.search(r"<td>(59|60)\.\d s</td>", paused_row), paused_row
+    assert "dispatch of agent paused" in page
+
+    actions.resume_domain("agent", reason="vendor back")
+    page = operator.get(f"{JOBS}{j.pk}/timeline/").content.decode()
+    assert "dispatch of agent resumed" in page and "by system: vendor back" in page
+    assert 'data-kind="none"' in page or 'id="pf-blocker"' in page  # no longer "paused"
+    assert 'data-kind="paused"' not in page
+
+
+def test_the_timeline_orders_by_attempt_then_time_shows_future_times_and_has_retry_and_cancel(operator):
+    j = job("delivery", "submitted", attempt=2, submitted_ago=50)
+    attempt_row(j, 1, created_ago=50, dispatched_ago=49, started_ago=48, finished_ago=40, outcome="superseded")
+    attempt_row(j, 2, created_ago=40, due_ago=-30)
+    envelope(j, "pending", attempt=2, created_ago=40, available_ago=-30)
+    # The retry decision of attempt 1, written in the same instant as attempt 2's envelope (a later id).
+    JobEvent.objects.create(job=j, attempt=1, kind="retry_after_failure", reason="vendor 503")
+    sql(f"UPDATE dispatch_app_jobevent SET at = {ago(40)} WHERE job_id = %s", [j.pk])
+    page = operator.get(f"{JOBS}{j.pk}/timeline/").content.decode()
+    entries = page.split('id="pf-entries"')[1]
+    assert entries.index("retry_after_failure") < entries.index("attempt 2: envelope created")
+    envelopes = page.split('id="pf-envelopes"')[1]
+    assert re.search(r"\(in (29|30)\.\d s\)", envelopes)
+    assert re.search(r'data-kind="backoff">backoff before retry 1 \(attempt 2\): due in (29|30)\.\d s', page)
+
+    # The buttons open the list's confirmation pages for this one job.
+    confirm = operator.post(JOBS, {"_selected_action": [j.pk], "action": "cancel"}).content.decode()
+    assert 'id="pf-confirm-cancel"' in confirm and 'value="Yes, cancel 1 job"' in confirm
+    assert 'id="pf-timeline-retry"' in page and 'id="pf-timeline-cancel"' in page
+
+
+def test_a_dead_workers_job_says_when_recovery_acts_with_the_setting(operator, redis_conn):
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    j = job("delivery", "running", dispatched_ago=70, started_ago=60, updated_ago=60)
+    q = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
+    rq_job = q.enqueue("dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=f"pf-{j.pk}-1")
+    redis_conn.hset(rq_job.key, "worker_name", "w-gone")
+    sql("UPDATE dispatch_app_jobattempt SET worker = 'w-gone' WHERE job_id = %s", [j.pk])
+    page = operator.get(f"{JOBS}{j.pk}/timeline/").content.decode()
+    eta = re.search(r'<span id="pf-recovery-eta">(.*?)</span>', page, re.S)
+    assert eta, page.split('id="pf-rq-state"')[1][:800] if 'id="pf-rq-state"' in page else "no rq state"
+    # delivery's RUNNING_STALE_SECONDS is 300: untouched for 60 s, recovery takes it up in about 4 min.
+    assert "RUNNING_STALE_SECONDS = 300 s" in eta.group(1) and re.search(r"in 4\.0 min", eta.group(1))
