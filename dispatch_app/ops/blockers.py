@@ -18,6 +18,7 @@ recovery's timing to it. Every time is the database clock's (seconds computed in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from dispatch_app.ops.timeline import format_duration
 
@@ -156,3 +157,43 @@ def domain_waits(cursor) -> dict[str, dict]:
         domain: {"not_due": not_due, "leased": leased, "next_due_in": None if nxt is None else float(nxt)}
         for domain, not_due, leased, nxt in cursor.fetchall()
     }
+
+
+def running_workers(cursor) -> list[tuple[str, str, int, float]]:
+    """(domain, worker, running jobs, seconds since the oldest of them was last touched) of the running jobs'
+    current attempts, by the worker their start recorded."""
+    cursor.execute(
+        f"""
+        SELECT j.domain, a.worker, count(*), extract(epoch FROM clock_timestamp() - min(j.updated_at))
+        FROM {JOB} j JOIN dispatch_app_jobattempt a ON a.job_id = j.id AND a.attempt = j.attempt
+        WHERE j.status = 'running' AND a.worker <> ''
+        GROUP BY j.domain, a.worker ORDER BY j.domain, a.worker
+        """
+    )
+    return [(d, w, n, float(age)) for d, w, n, age in cursor.fetchall()]
+
+
+def dead_worker_banners(running: list[tuple], rq: dict) -> list[dict]:
+    """A red banner per domain and dead worker still holding running jobs, whether or not another worker of the
+    queue lives (that one will not take them: they are not in the queue any more). Unknown while Redis is
+    unreadable (no banner: the Redis banner says so)."""
+    if rq.get("error") and not rq.get("workers"):
+        return []
+    known = {w["name"]: w for w in rq.get("workers", [])}
+    out = []
+    for domain, worker, count, oldest_age in running:
+        info = known.get(worker)
+        if info is not None and info.get("alive"):
+            continue
+        why = "its hash is gone from Redis" if info is None else (info.get("dead_reason") or "not alive")
+        out.append(
+            {
+                "level": "error",
+                "key": "dead-worker-holds",
+                "text": f"{domain}: {count} running job(s) held by dead worker {worker} ({why}); "
+                + recovery_eta_for(domain, oldest_age)
+                + ", or retry them now.",
+                "link": f"worker={quote(worker)}&status__exact=running&domain__exact={domain}",
+            }
+        )
+    return out

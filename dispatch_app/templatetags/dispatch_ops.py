@@ -43,6 +43,14 @@ def ago(value):
 
 
 @register.filter
+def in_seconds(value):
+    """Seconds from now to a moment: "in 12.0 s" ahead, "12.0 s ago" behind, "–" unknown."""
+    from dispatch_app.ops.blockers import in_seconds as relative
+
+    return relative(_number(value))
+
+
+@register.filter
 def utc(value, precision: str = ""):
     """An instant (datetime or ISO string) in UTC, to the second, or to the millisecond with ``"ms"``."""
     if not value:

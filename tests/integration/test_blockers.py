@@ -127,3 +127,38 @@ def test_a_dead_workers_job_says_when_recovery_acts_with_the_setting(operator, r
     assert eta, page.split('id="pf-rq-state"')[1][:800] if 'id="pf-rq-state"' in page else "no rq state"
     # delivery's RUNNING_STALE_SECONDS is 300: untouched for 60 s, recovery takes it up in about 4 min.
     assert "RUNNING_STALE_SECONDS = 300 s" in eta.group(1) and re.search(r"in 4\.0 min", eta.group(1))
+
+
+def test_the_dashboard_names_backoff_and_a_dead_worker_holding_jobs_while_another_worker_lives(operator, redis_conn):
+    from rq import Queue, SimpleWorker
+    from rq.serializers import JSONSerializer
+
+    from dispatch_app.ops import board
+
+    waiting = job("delivery", "submitted", attempt=2)
+    envelope(waiting, "pending", attempt=2, available_ago=-45)
+    held = job("delivery", "running", dispatched_ago=70, started_ago=60, updated_ago=60)
+    attempt_row(held, 1, worker="w-killed", created_ago=80, dispatched_ago=70, started_ago=60, with_envelope=False)
+    alive = SimpleWorker(
+        [Queue("delivery", connection=redis_conn, serializer=JSONSerializer)],
+        connection=redis_conn,
+        name="w-alive",
+        serializer=JSONSerializer,
+    )
+    alive.register_birth()
+
+    data = board.build(redis_conn=redis_conn)
+    (banner,) = [b for b in data["banners"] if b["key"] == "dead-worker-holds"]
+    assert banner["text"].startswith("delivery: 1 running job(s) held by dead worker w-killed")
+    assert "RUNNING_STALE_SECONDS = 300 s" in banner["text"] and "worker=w-killed" in banner["link"]
+    waits = data["domains"]["delivery"]["waits"]
+    assert waits["not_due"] == 1 and 40 < waits["next_due_in"] <= 45
+
+    page = operator.get("/admin/dispatch_app/job/dashboard/live/").content.decode()
+    behind = page.split('id="pf-domain-delivery"')[1].split('class="pf-behind">')[1].split("</td>")[0]
+    assert "1 in backoff / scheduled" in behind and re.search(r"next due in 4\d\.\d s", behind)
+
+    # The worker holding it is alive: no banner.
+    sql("UPDATE dispatch_app_jobattempt SET worker = 'w-alive' WHERE job_id = %s", [held.pk])
+    assert not [b for b in board.build(redis_conn=redis_conn)["banners"] if b["key"] == "dead-worker-holds"]
+    alive.register_death()
