@@ -80,10 +80,22 @@ def refuse_untrusted(request) -> str | None:
     return None
 
 
+REPORT_LINES = 5  # outcomes spelled out per message; beyond that, a count and the rest in the audit trail
+
+
+def summarise(outcomes, verb: str) -> str:
+    """One line for many outcomes: the first few in full, then how many more (a bulk retry of 296 jobs is
+    one readable message, not 296 ids; each job's own event on its timeline keeps the detail)."""
+    shown = "; ".join(o.message for o in outcomes[:REPORT_LINES])
+    if len(outcomes) <= REPORT_LINES:
+        return shown
+    return f"{len(outcomes)} {verb}: {shown}; … and {len(outcomes) - REPORT_LINES} more"
+
+
 def report(modeladmin, request, outcomes) -> None:
     applied = [o for o in outcomes if o.applied]
     refused = [o for o in outcomes if not o.applied]
     if applied:
-        modeladmin.message_user(request, "; ".join(o.message for o in applied[:10]), messages.SUCCESS)
+        modeladmin.message_user(request, summarise(applied, "done"), messages.SUCCESS)
     if refused:
-        modeladmin.message_user(request, "; ".join(o.message for o in refused[:10]), messages.WARNING)
+        modeladmin.message_user(request, summarise(refused, "refused"), messages.WARNING)

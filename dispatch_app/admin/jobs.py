@@ -27,7 +27,7 @@ from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.admin.untrusted import parse_id, parse_ids
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops import actions, blockers, rqjobs, stats, timeline
+from dispatch_app.ops import actions, blockers, confirm_warnings, rqjobs, stats, timeline
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 
@@ -76,6 +76,13 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         qs = super().get_queryset(request).annotate(_age=since("submitted_at"), _updated=since("updated_at"))
         return stages.annotate_current(qs)
 
+    def get_ordering(self, request):
+        # Jobs waiting in RQ: the queue's head first (dispatch order is queue order; the RQ side column gives
+        # the exact position), not the newest, so "who is next" is on page 1. Elsewhere newest first.
+        if request.GET.get("stage") == "rq" or request.GET.get("status__exact") == "queued":
+            return ("dispatched_at", "id")
+        return super().get_ordering(request)
+
     def get_search_results(self, request, queryset, search_term):
         # A number is a job id, exactly: "5" finds job 5, not every vendor request id containing a 5.
         job_id = parse_id(search_term.strip().lstrip("#"))
@@ -105,23 +112,23 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
             return format_html('{}: <span class="pf-blocker pf-red">{}</span>', where, blocker.text)
         return format_html('{}: <span class="pf-blocker">{}</span>', where, blocker.text)
 
-    @admin.display(description="age", ordering="submitted_at")
+    @admin.display(description="age (since submit)", ordering="submitted_at")
     def age(self, obj):
         return format_duration(getattr(obj, "_age", None))
 
-    @admin.display(description="backoff")
+    @admin.display(description="backoff (created → due)")
     def backoff_wait(self, obj):
         return self._stage(obj, "backoff")
 
-    @admin.display(description="outbox")
+    @admin.display(description="outbox (due → dispatched)")
     def outbox_wait(self, obj):
         return self._stage(obj, "outbox")
 
-    @admin.display(description="RQ queue")
+    @admin.display(description="RQ queue (dispatched → started)")
     def queue_wait(self, obj):
         return self._stage(obj, "rq")
 
-    @admin.display(description="worker")
+    @admin.display(description="worker (started → finished)")
     def run_time(self, obj):
         return self._stage(obj, "worker")
 
@@ -217,7 +224,8 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
                 "Retry these jobs?",
                 "retry_now",
                 ids,
-                plans=actions.retry_plan(ids),
+                plans=(plans := actions.retry_plan(ids)),
+                warnings=confirm_warnings.retry_warnings(plans, ids),
             )
         report(self, request, [actions.retry_job_now(pk, user=request.user) for pk in ids])
         return None

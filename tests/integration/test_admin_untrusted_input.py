@@ -156,3 +156,23 @@ def test_the_audit_trail_survives_the_deletion_of_the_operators_user(client):
 
 def test_a_timeline_of_an_id_beyond_bigint_is_a_404(operator):
     assert operator.get(f"{JOBS}99999999999999999999999/timeline/").status_code == 404
+
+
+def test_a_bulk_retry_warns_about_no_worker_a_pause_and_a_shared_error_and_its_message_is_summarised(
+    operator, redis_conn
+):
+    from dispatch_app.admin.common import REPORT_LINES
+
+    ids = [job("delivery", "failed", finished_ago=10).pk for _ in range(12)]
+    Job.objects.filter(pk__in=ids).update(error="ProviderError: 503 vendor down\n\nTraceback ...")
+    actions.pause_domain("delivery", reason="vendor incident")
+    page = operator.post(JOBS, {"action": "retry_now", "_selected_action": ids}).content.decode()
+    warnings = page.split('class="pf-confirm-warnings"')[1].split("</ul>")[0]
+    assert "No live worker serves queue delivery" in warnings
+    assert "Dispatch of delivery is paused (by system: vendor incident)" in warnings
+    assert "All 12 selected jobs last failed with the same error: ProviderError: 503 vendor down" in warnings
+
+    response = operator.post(JOBS, {"action": "retry_now", "_selected_action": ids, "confirmed": "yes"}, follow=True)
+    (message,) = messages_of(response)
+    assert message.startswith("12 done: job ") and f"… and {12 - REPORT_LINES} more" in message
+    assert message.count("re-dispatched as attempt 2") == REPORT_LINES

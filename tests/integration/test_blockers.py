@@ -162,3 +162,14 @@ def test_the_dashboard_names_backoff_and_a_dead_worker_holding_jobs_while_anothe
     sql("UPDATE dispatch_app_jobattempt SET worker = 'w-alive' WHERE job_id = %s", [held.pk])
     assert not [b for b in board.build(redis_conn=redis_conn)["banners"] if b["key"] == "dead-worker-holds"]
     alive.register_death()
+
+
+def test_the_rq_stage_list_starts_at_the_queues_head(operator):
+    first = job("delivery", "queued", dispatched_ago=30)
+    second = job("delivery", "queued", dispatched_ago=20)
+    third = job("delivery", "queued", dispatched_ago=10)
+    page = operator.get(JOBS + "?stage=rq").content.decode()
+    order = [int(i) for i in re.findall(r"/job/(\d+)/timeline/", page)]
+    assert order == [first.pk, second.pk, third.pk]
+    page = operator.get(JOBS).content.decode()  # elsewhere: newest first
+    assert [int(i) for i in re.findall(r"/job/(\d+)/timeline/", page)] == [third.pk, second.pk, first.pk]
