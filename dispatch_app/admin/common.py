@@ -34,6 +34,11 @@ def since(field: str):
     return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
 
 
+def until(field: str):
+    """How far ahead of the database clock an instant is (negative: behind)."""
+    return ExpressionWrapper(F(field) - ClockTimestamp(), output_field=DurationField())
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows change only through the outbox actions, never through a form."""
 

@@ -173,3 +173,16 @@ def test_the_rq_stage_list_starts_at_the_queues_head(operator):
     assert order == [first.pk, second.pk, third.pk]
     page = operator.get(JOBS).content.decode()  # elsewhere: newest first
     assert [int(i) for i in re.findall(r"/job/(\d+)/timeline/", page)] == [third.pk, second.pk, first.pk]
+
+
+def test_the_envelope_list_reads_future_times_as_in_n_s_and_a_dispatched_one_as_sent(operator):
+    later = envelope(job("delivery", "submitted"), "pending", available_ago=-90)
+    sent = envelope(job("delivery", "queued"), "dispatched", created_ago=30, dispatched_ago=20)
+    page = operator.get("/admin/dispatch_app/dispatchenvelope/").content.decode()
+
+    def cell(env):
+        row = page.split(f'value="{env.pk}"')[1].split("</tr>")[0]
+        return re.search(r'<td class="field-available">(.*?)</td>', row, re.S).group(1)
+
+    assert re.search(r"UTC \(in (89|90)\.\d s\)", cell(later))
+    assert cell(sent).startswith("sent ") and "in " not in cell(sent)
