@@ -197,3 +197,41 @@ def dead_worker_banners(running: list[tuple], rq: dict) -> list[dict]:
             }
         )
     return out
+
+
+PREFETCH_SCAN = 500  # queued jobs read from Redis per domain when PostgreSQL counts more queued than RQ holds
+
+
+def prefetched_by_dead(domains: dict, rq: dict) -> list[dict]:
+    """Queued jobs a dead worker took off its queue (prefetched) and never started: the gap between "queued in
+    PostgreSQL" and "waiting in Redis". Read only for a domain with such a gap (its oldest PREFETCH_SCAN queued
+    jobs, one pipeline per server); a red banner per dead worker holding some."""
+    from dispatch_app.models import Job
+    from dispatch_app.ops import rqjobs
+
+    if rq.get("error"):
+        return []
+    out = []
+    for domain, d in domains.items():
+        queue = d.get("rq") or {}
+        queued = (d.get("backlog") or {}).get("queued", 0)
+        if not queue or queued <= (queue.get("depth") or 0):
+            continue
+        jobs = list(Job.objects.filter(domain=domain, status="queued").order_by("dispatched_at", "id")[:PREFETCH_SCAN])
+        held: dict[str, int] = {}
+        for state in rqjobs.states(jobs, statuses=("queued",)).values():
+            if state.taken_by and state.worker_alive is False:
+                held[state.taken_by] = held.get(state.taken_by, 0) + 1
+        for worker, count in sorted(held.items()):
+            out.append(
+                {
+                    "level": "error",
+                    "key": "prefetched-by-dead",
+                    "text": f"{domain}: {count} queued job(s) were taken off queue {queue.get('queue', domain)} by "
+                    f"dead worker {worker} and never started (why PostgreSQL counts {queued} queued and Redis "
+                    f"{queue.get('depth', 0)}); a live worker requeues them once the dead one's hash is gone, "
+                    "or retry them now.",
+                    "link": f"stage=rq&domain__exact={domain}",
+                }
+            )
+    return out

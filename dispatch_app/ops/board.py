@@ -191,6 +191,7 @@ def banners(data: dict) -> list[dict]:
             )
     out.extend(alarms.banners(data.get("failure_alarms") or {}))
     out.extend(blockers.dead_worker_banners(data.get("running_workers") or [], rq))
+    out.extend(data.get("prefetched_by_dead") or [])
     for w in rq["workers"]:
         if w["failing_every_job"]:
             add(
@@ -264,5 +265,6 @@ def build(*, redis_conn=None) -> dict:
     snap["paused"] = paused
     snap["failure_alarms"] = failure_alarms
     snap["running_workers"] = running
+    snap["prefetched_by_dead"] = blockers.prefetched_by_dead(snap["domains"], rq)
     snap["banners"] = banners(snap)
     return snap

@@ -209,3 +209,25 @@ def test_paused_time_is_not_outbox_latency_in_the_percentiles_and_charts():
     assert rows[(5, "agent", "outbox")][0] == pytest.approx(20, abs=0.5)  # 100 s minus 80 s paused
     assert rows[(5, "delivery", "outbox")][0] == pytest.approx(100, abs=0.5)
     assert charts[("agent", 0)][1] == pytest.approx(20, abs=0.5)
+
+
+def test_queued_jobs_a_dead_worker_prefetched_explain_the_gap_in_a_banner(redis_conn):
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from dispatch_app.ops import board
+    from dispatch_app.rqworker.fetch import TAKEN_BY
+
+    q = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
+    waiting, taken = [], []
+    for i in range(5):
+        j = job("delivery", "queued", dispatched_ago=60 - i)
+        rq_job = q.enqueue("dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=f"pf-{j.pk}-1")
+        (taken if i < 2 else waiting).append((j, rq_job))
+    for _, rq_job in taken:  # taken off the queue by a worker that then died (its hash is gone)
+        redis_conn.lrem(q.key, 0, rq_job.id)
+        redis_conn.hset(rq_job.key, TAKEN_BY, "w-dead")
+    data = board.build(redis_conn=redis_conn)
+    (banner,) = [b for b in data["banners"] if b["key"] == "prefetched-by-dead"]
+    assert banner["text"].startswith("delivery: 2 queued job(s) were taken off queue delivery by dead worker w-dead")
+    assert "PostgreSQL counts 5 queued and Redis 3" in banner["text"]
