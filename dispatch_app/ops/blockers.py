@@ -175,13 +175,14 @@ def running_workers(cursor) -> list[tuple[str, str, int, float]]:
 
 def dead_worker_banners(running: list[tuple], rq: dict) -> list[dict]:
     """A red banner per domain and dead worker still holding running jobs, whether or not another worker of the
-    queue lives (that one will not take them: they are not in the queue any more). Unknown while Redis is
-    unreadable (no banner: the Redis banner says so)."""
-    if rq.get("error") and not rq.get("workers"):
-        return []
+    queue lives (that one will not take them: they are not in the queue any more). Unknown for a domain whose
+    Redis server was not read (no banner: the Redis banner says so)."""
     known = {w["name"]: w for w in rq.get("workers", [])}
+    readable = set(rq.get("domains") or {})  # a domain whose Redis server was not read: its workers are unknown
     out = []
     for domain, worker, count, oldest_age in running:
+        if domain not in readable:
+            continue
         info = known.get(worker)
         if info is not None and info.get("alive"):
             continue
@@ -209,8 +210,6 @@ def prefetched_by_dead(domains: dict, rq: dict) -> list[dict]:
     from dispatch_app.models import Job
     from dispatch_app.ops import rqjobs
 
-    if rq.get("error"):
-        return []
     out = []
     for domain, d in domains.items():
         queue = d.get("rq") or {}

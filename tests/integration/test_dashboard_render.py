@@ -109,3 +109,19 @@ def test_one_domains_redis_down_renders_the_others_and_names_the_server(operator
     assert "not read" in agent_row
     delivery_row = live.split('id="pf-rq-delivery"')[1].split("</tr>")[0]
     assert "not read" not in delivery_row
+
+
+@pytest.mark.django_db
+def test_a_domain_whose_redis_is_down_raises_no_dead_worker_banner_for_its_running_jobs(operator, redis_conn):
+    from dispatch_app.ops import board
+    from tests.integration.opsdata import attempt_row
+
+    held = job("agent", "running", dispatched_ago=70, started_ago=60)
+    attempt_row(held, 1, worker="w-somewhere", created_ago=80, dispatched_ago=70, started_ago=60, with_envelope=False)
+    down = f"redis://127.0.0.1:{closed_port()}/0?socket_connect_timeout=1&socket_timeout=1"
+    with override_settings(RQ_QUEUES=queues_on(down, only={"agent"})):
+        data = board.build()
+    keys = [b["key"] for b in data["banners"]]
+    assert "redis" in keys and "dead-worker-holds" not in keys  # unknown, not dead
+    data = board.build()  # agent's server readable again: w-somewhere is nowhere in Redis, so dead
+    assert "dead-worker-holds" in [b["key"] for b in data["banners"]]
