@@ -30,7 +30,20 @@ def messages_of(response) -> list[str]:
 
 @pytest.mark.parametrize(
     "query",
-    ["q=%C2%B2", "q=%D9%A3", "q=99999999999999999999999", "recovery=%C2%B2:failed", "recovery=1:nope", "q=%231"],
+    [
+        "q=%C2%B2",
+        "q=%D9%A3",
+        "q=99999999999999999999999",
+        "recovery=%C2%B2:failed",
+        "recovery=1:nope",
+        "recovery=99999999999999999999999:failed",
+        "q=%231",
+        "p=%C2%B2",
+        "o=%C2%B2",
+        "older_than=%C2%B2",
+        "error=%C2%B2",
+        "worker=%F0%9F%92%A5",
+    ],
 )
 def test_odd_ids_in_the_query_are_not_errors(operator, query):
     j = job("delivery", "submitted")
