@@ -183,9 +183,17 @@ def test_pages_fit_the_window_without_a_horizontal_scroll(browser, live_server, 
         )
         w = job(domain, "submitted", attempt=2, submitted_ago=40)
         envelope(w, "pending", attempt=2, created_ago=10, available_ago=-50, send_attempts=3, last_error=long_error)
+    for _ in range(5):  # a failure alarm with a long top error, and a paused domain with a long reason
+        j = job("delivery", "failed", submitted_ago=30, finished_ago=2)
+        attempt_row(
+            j, 1, created_ago=30, dispatched_ago=20, started_ago=10, finished_ago=2, outcome="failed", error=long_error
+        )
+    from dispatch_app.ops import actions
+
+    actions.pause_domain("agent", reason="the vendor's status page says " + "degraded performance " * 10)
     browser.set_window_size(width, 1000)
     _login(browser, live_server)
-    for path in (DASHBOARD, JOBS, f"{JOBS}{w.pk}/timeline/"):
+    for path in (DASHBOARD, JOBS, f"{JOBS}{w.pk}/timeline/", "/admin/dispatch_app/dispatchenvelope/"):
         browser.get(live_server.url + path)
         scroll, inner = browser.execute_script(
             "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
