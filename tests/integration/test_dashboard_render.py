@@ -125,3 +125,29 @@ def test_a_domain_whose_redis_is_down_raises_no_dead_worker_banner_for_its_runni
     assert "redis" in keys and "dead-worker-holds" not in keys  # unknown, not dead
     data = board.build()  # agent's server readable again: w-somewhere is nowhere in Redis, so dead
     assert "dead-worker-holds" in [b["key"] for b in data["banners"]]
+
+
+@pytest.fixture
+def private_redis():
+    from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
+
+    base = make_base_dir("pf-render-")
+    server = PrivateRedis(base)
+    server.start()
+    yield server
+    server.stop()
+    remove_tree(base)
+
+
+@pytest.mark.django_db
+def test_a_redis_that_stops_while_the_page_is_open_keeps_it_rendering(operator, private_redis):
+    """The real outage: the page read Redis (pooled connections), then the server is killed."""
+    busy_tables()
+    url = private_redis.url + "&socket_timeout=1&socket_connect_timeout=1"
+    with override_settings(RQ_QUEUES=queues_on(url)):
+        before = get_all(operator)
+        assert 'data-key="redis"' not in before[DASHBOARD + "live/"]
+        private_redis.stop()
+        after = get_all(operator)
+    for page in (DASHBOARD, DASHBOARD + "live/"):
+        assert 'data-key="redis"' in after[page] and "Redis cannot be read" in after[page]
