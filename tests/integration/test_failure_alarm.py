@@ -114,3 +114,17 @@ def test_the_worker_table_counts_business_failures(client, redis_conn):
     cell = page.split('class="num pf-worker-outcomes pf-red"')[1].split("</td>")[0]
     assert ">1 / 4</a>" in cell and "worker=w-vendor" in cell
     w.register_death()
+
+
+def test_dispatchstats_prints_the_failure_alarm_with_its_top_errors(redis_conn):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    for _ in range(5):
+        ended("agent", "failed", error=f"{VENDOR_DOWN}\n\nTraceback")
+    out = StringIO()
+    call_command("dispatchstats", stdout=out)
+    text = out.getvalue()
+    assert "ERROR: agent: 100% of its jobs failed in the last 5 min (5 of 5" in text
+    assert f"    5 × {VENDOR_DOWN}" in text
