@@ -51,6 +51,14 @@ def in_seconds(value):
 
 
 @register.filter
+def from_now(value, now):
+    """An instant relative to ``now`` (both datetimes): "in 12.0 s" ahead, "12.0 s ago" behind."""
+    if not isinstance(value, datetime) or not isinstance(now, datetime):
+        return "–"
+    return in_seconds((value - now).total_seconds())
+
+
+@register.filter
 def utc(value, precision: str = ""):
     """An instant (datetime or ISO string) in UTC, to the second, or to the millisecond with ``"ms"``."""
     if not value:

@@ -106,6 +106,8 @@ def test_the_timeline_orders_by_attempt_then_time_shows_future_times_and_has_ret
     envelopes = page.split('id="pf-envelopes"')[1]
     assert re.search(r"\(in (29|30)\.\d s\)", envelopes)
     assert re.search(r'data-kind="backoff">backoff before retry 1 \(attempt 2\): due in (29|30)\.\d s', page)
+    backoff_row = re.search(r'<tr class="pf-stage-backoff">.*?</tr>', page.split('id="pf-stages"')[1], re.S).group(0)
+    assert re.search(r"due \d{4}-\d\d-\d\d [\d:.]+ UTC \(in (29|30)\.\d s\)", backoff_row), backoff_row
 
     # The buttons open the list's confirmation pages for this one job.
     confirm = operator.post(JOBS, {"_selected_action": [j.pk], "action": "cancel"}).content.decode()
