@@ -77,8 +77,9 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         return stages.annotate_current(qs)
 
     def get_ordering(self, request):
-        # Jobs waiting in RQ: the queue's head first (dispatch order is queue order; the RQ side column gives
-        # the exact position), not the newest, so "who is next" is on page 1. Elsewhere newest first.
+        # Jobs waiting in RQ: the queue's head first, not the newest, so "who is next" is on page 1. First dispatch
+        # order approximates queue order (a re-dispatched job, a recovery lane, can differ: the RQ side column
+        # gives each job's exact position). Elsewhere newest first.
         if request.GET.get("stage") == "rq" or request.GET.get("status__exact") == "queued":
             return ("dispatched_at", "id")
         return super().get_ordering(request)
