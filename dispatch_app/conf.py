@@ -150,6 +150,14 @@ SPECS: dict[str, _Spec] = {
     "RETENTION_HEARTBEATS": _Spec(
         86_400.0, float, 60, 10 * 365 * 86_400, "forget a dispatcher process this long after it was last seen (s)"
     ),
+    # The dashboard's failure alarm (dispatch_app.ops.alarms): a red banner per domain.
+    "FAILURE_ALARM_RATE": _Spec(
+        0.5, float, 0.0, 1.0, "share of a domain's ended jobs failed or outcome_unknown that raises its alarm"
+    ),
+    "FAILURE_ALARM_WINDOW": _Spec(300.0, float, 10, 86_400, "the failure alarm's window (s)"),
+    "FAILURE_ALARM_MIN_ENDED": _Spec(
+        5, int, 1, 1_000_000, "jobs that must have ended in the window before the failure alarm can fire"
+    ),
 }
 
 
@@ -191,6 +199,9 @@ class DispatchSettings:
     RETENTION_DISPATCHED_ENVELOPES: float
     RETENTION_RECOVERY_ROUNDS: float
     RETENTION_HEARTBEATS: float
+    FAILURE_ALARM_RATE: float
+    FAILURE_ALARM_WINDOW: float
+    FAILURE_ALARM_MIN_ENDED: int
 
 
 def _coerce(key: str, value: Any, spec: _Spec) -> Any:

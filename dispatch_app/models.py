@@ -233,6 +233,10 @@ class JobEvent(models.Model):
     kind = models.CharField(max_length=40)
     reason = models.TextField(blank=True, default="")
     data = models.JSONField(null=True, blank=True)
+    # The operator's username, kept as text: the admin's LogEntry goes with a deleted user (its foreign key
+    # cascades); this audit does not. Empty for the dispatcher's, the workers' and recovery's own events
+    # (a database default: the claim and the triggers insert events in SQL without naming it).
+    actor = models.CharField(max_length=150, blank=True, default="", db_default="")
 
     class Meta:
         indexes = [models.Index(fields=["job", "at"], name="jobevent_job_at")]
@@ -363,3 +367,21 @@ class DomainPause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.domain} paused"
+
+
+class DomainPauseEvent(models.Model):
+    """Every pause and resume of a domain, kept after the resume deletes its DomainPause row: the audit trail
+    of who paused what and why (it survives the deletion of the operator's user), and the pauses a job's
+    timeline shows."""
+
+    domain = models.CharField(max_length=32)
+    at = models.DateTimeField(db_default=ClockTimestamp())
+    op = models.CharField(max_length=8)  # pause | resume
+    actor = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["domain", "at"], name="domainpauseevent_domain_at")]
+
+    def __str__(self) -> str:
+        return f"{self.domain} {self.op} by {self.actor or 'system'}"

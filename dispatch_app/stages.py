@@ -19,6 +19,7 @@ Stages (``STAGES``, in order):
   backoff   created → due         a deliberate wait, not the dispatcher's: a retry backoff (attempt > 1) or a
                                   scheduled submit (attempt 1). Absent when the envelope was due at once.
   outbox    due → dispatched      the dispatcher's part: wake-up, claim, send, send-failure backoffs, leases
+                                  (its aggregates leave out the time the domain was paused: its own wait)
   rq        dispatched → started  clamped at 0 (a worker can start before the dispatcher's mark commits);
                                   without a recorded dispatch the worker's start stands in for it
   worker    started → finished
@@ -303,6 +304,30 @@ def seconds_sql(stage: str, a: str = "a") -> str:
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 
+# Paused time is its own wait, not the dispatcher's: the outbox percentiles and charts subtract from each attempt's
+# outbox stage the time its domain was paused (DomainPauseEvent: each pause until the next event of its domain, a
+# resume; a pause still on runs to infinity, cut at the dispatch). The table holds operator actions only: small.
+PAUSES_SQL = """pauses AS (
+    SELECT domain, s, COALESCE(e, 'infinity'::timestamptz) AS e FROM (
+        SELECT domain, op, at AS s, lead(at) OVER (PARTITION BY domain ORDER BY at, id) AS e
+        FROM dispatch_app_domainpauseevent) z
+    WHERE op = 'pause')"""
+
+
+def paused_seconds_sql(a: str = "a") -> str:
+    """SQL: seconds of attempt row ``a``'s outbox stage (due → dispatched) its domain was paused (needs PAUSES_SQL)."""
+    due = _due_sql(a)
+    return (
+        f"(SELECT COALESCE(sum(GREATEST(extract(epoch FROM LEAST(p.e, {a}.dispatched_at) - GREATEST(p.s, {due})), 0)),"
+        f" 0)::float8 FROM pauses p WHERE p.domain = {a}.domain AND p.s < {a}.dispatched_at AND p.e > {due})"
+    )
+
+
+def outbox_unpaused_sql(a: str = "a") -> str:
+    """SQL: the outbox stage's seconds without its domain's paused time (never below 0)."""
+    return f"GREATEST({seconds_sql('outbox', a)} - {paused_seconds_sql(a)}, 0)"
+
+
 # Start of an unfinished job's current stage; j = the job, a = its current attempt's history row, e = its
 # current envelope (both LEFT JOINs, may be NULL).
 STAGE_START_SQL = """CASE j.status
@@ -328,13 +353,15 @@ def percentiles(cursor, windows=(5, 60), qs=(0.5, 0.95, 0.99)) -> list[tuple]:
 
     Windows select on ``dispatched_at`` (index jobattempt_dispatched); percentile_cont interpolates.
     """
-    cols = ", ".join(f"{seconds_sql(s, 'd')} AS {s}" for s in WINDOW_STAGES)
+    cols = ", ".join(
+        f"{outbox_unpaused_sql('d') if s == 'outbox' else seconds_sql(s, 'd')} AS {s}" for s in WINDOW_STAGES
+    )
     aggs = ", ".join(
         f"count(x.{s}), percentile_cont(%(q)s::float8[]) WITHIN GROUP (ORDER BY x.{s})" for s in WINDOW_STAGES
     )
     cursor.execute(
         f"""
-        WITH t AS (SELECT clock_timestamp() AS now),
+        WITH t AS (SELECT clock_timestamp() AS now), {PAUSES_SQL},
         x AS (
             SELECT d.domain, d.dispatched_at, {cols}
             FROM ({DISPATCHED_ATTEMPTS_SQL}
@@ -376,9 +403,9 @@ def per_minute_by_domain(cursor, minutes: int = 60) -> dict[tuple[str, int], tup
     started)} for the last ``minutes``; attempts still waiting in RQ count as dispatched (the envelope says so)."""
     cursor.execute(
         f"""
-        WITH t AS (SELECT clock_timestamp() AS now)
+        WITH t AS (SELECT clock_timestamp() AS now), {PAUSES_SQL}
         SELECT d.domain, floor(extract(epoch FROM t.now - d.dispatched_at) / 60)::int AS ago, count(*),
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY {seconds_sql("outbox", "d")}),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY {outbox_unpaused_sql("d")}),
                percentile_cont(0.95) WITHIN GROUP (ORDER BY {seconds_sql("rq", "d")})
         FROM ({DISPATCHED_ATTEMPTS_SQL} AND e.dispatched_at >= (SELECT now FROM t) - make_interval(mins => %s)) d
         CROSS JOIN t

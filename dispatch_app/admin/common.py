@@ -7,7 +7,9 @@ from datetime import timedelta
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.http import HttpResponseRedirect
 
+from dispatch_app.admin import untrusted
 from dispatch_app.dbtime import ClockTimestamp
 
 DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
@@ -32,6 +34,11 @@ def since(field: str):
     return ExpressionWrapper(ClockTimestamp() - F(field), output_field=DurationField())
 
 
+def until(field: str):
+    """How far ahead of the database clock an instant is (negative: behind)."""
+    return ExpressionWrapper(F(field) - ClockTimestamp(), output_field=DurationField())
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows change only through the outbox actions, never through a form."""
 
@@ -54,6 +61,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         self._refuse_unless_viewable(request)
+        refused = refuse_untrusted(request)
+        if refused:
+            # Back to the bare list, the reason shown on it; nothing was read or written with the bad input.
+            self.message_user(request, refused, messages.ERROR)
+            return HttpResponseRedirect(request.path)
         return super().changelist_view(request, extra_context)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -61,10 +73,34 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
 
+def refuse_untrusted(request) -> str | None:
+    """Why a list request is refused (a NUL anywhere, a selected row that is not an id), or None."""
+    bad = untrusted.nul_parameter(request.GET, request.POST)
+    if bad is not None:
+        return f"The parameter {bad!r} contains a NUL character; it was refused and nothing was done."
+    if request.method == "POST" and "action" in request.POST:
+        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        if untrusted.parse_ids(selected) is None:
+            return "A selected row is not a valid id; nothing was done."
+    return None
+
+
+REPORT_LINES = 5  # outcomes spelled out per message; beyond that, a count and the rest in the audit trail
+
+
+def summarise(outcomes, verb: str) -> str:
+    """One line for many outcomes: the first few in full, then how many more (a bulk retry of 296 jobs is
+    one readable message, not 296 ids; each job's own event on its timeline keeps the detail)."""
+    shown = "; ".join(o.message for o in outcomes[:REPORT_LINES])
+    if len(outcomes) <= REPORT_LINES:
+        return shown
+    return f"{len(outcomes)} {verb}: {shown}; … and {len(outcomes) - REPORT_LINES} more"
+
+
 def report(modeladmin, request, outcomes) -> None:
     applied = [o for o in outcomes if o.applied]
     refused = [o for o in outcomes if not o.applied]
     if applied:
-        modeladmin.message_user(request, "; ".join(o.message for o in applied[:10]), messages.SUCCESS)
+        modeladmin.message_user(request, summarise(applied, "done"), messages.SUCCESS)
     if refused:
-        modeladmin.message_user(request, "; ".join(o.message for o in refused[:10]), messages.WARNING)
+        modeladmin.message_user(request, summarise(refused, "refused"), messages.WARNING)

@@ -6,10 +6,10 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from dispatch_app.admin.common import ReadOnlyAdmin, report, since
+from dispatch_app.admin.common import ReadOnlyAdmin, report, since, until
 from dispatch_app.admin.filters import DomainFilter, DueFilter, EnvelopeAgeFilter
 from dispatch_app.models import DispatchEnvelope
-from dispatch_app.ops import actions
+from dispatch_app.ops import actions, blockers
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 
@@ -37,7 +37,7 @@ class EnvelopeAdmin(ReadOnlyAdmin):
     readonly_fields = [f.name for f in DispatchEnvelope._meta.fields]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(_age=since("created_at"))
+        return super().get_queryset(request).annotate(_age=since("created_at"), _due_in=until("available_at"))
 
     @admin.display(description="job", ordering="job_id")
     def job_link(self, obj):
@@ -45,9 +45,15 @@ class EnvelopeAdmin(ReadOnlyAdmin):
             '<a href="{}">job {}</a>', reverse("admin:dispatch_app_job_timeline", args=[obj.job_id]), obj.job_id
         )
 
-    @admin.display(description="available at", ordering="available_at")
+    @admin.display(description="available at (pending) / sent (dispatched)", ordering="available_at")
     def available(self, obj):
-        return utc(obj.available_at)
+        # A dispatched envelope's available_at is its last lease's end, not a due time: show when it was sent.
+        if obj.status == "dispatched":
+            return f"sent {utc(obj.dispatched_at)}"
+        due_in = getattr(obj, "_due_in", None)
+        relative = f" ({blockers.in_seconds(due_in.total_seconds())})" if due_in is not None else ""
+        leased = "leased until " if obj.lease_token else ""
+        return f"{leased}{utc(obj.available_at)}{relative}"
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj):

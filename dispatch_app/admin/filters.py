@@ -8,6 +8,7 @@ from django.contrib import admin
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
 
 from dispatch_app.admin.common import older_than
+from dispatch_app.admin.untrusted import parse_id
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
@@ -141,9 +142,10 @@ class RecoveryDecisionFilter(admin.SimpleListFilter):
 
     def _parsed(self) -> tuple[int, str] | None:
         round_id, _, kind = (self.value() or "").partition(":")
-        if not round_id.isdigit() or kind not in self.KINDS:
+        parsed = parse_id(round_id)
+        if parsed is None or kind not in self.KINDS:
             return None
-        return int(round_id), kind
+        return parsed, kind
 
     def lookups(self, request, model_admin):
         parsed = self._parsed()
@@ -173,3 +175,19 @@ class WorkerFilter(admin.SimpleListFilter):
         if not self.value():
             return queryset
         return queryset.filter(pk__in=JobAttempt.objects.filter(worker=self.value()).values("job_id"))
+
+
+class ErrorFilter(admin.SimpleListFilter):
+    """Jobs whose error starts with a message (the failure alarm's top errors link here; the first line of an
+    error is its exception's class and message). Shown in the sidebar only while in use."""
+
+    title = "error"
+    parameter_name = "error"
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value()[:80])] if self.value() else []
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        return queryset.filter(error__startswith=self.value())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db import connection
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from dispatch_app import stages
@@ -14,6 +16,7 @@ from dispatch_app.admin.dashboard import DashboardViews
 from dispatch_app.admin.filters import (
     AgeFilter,
     DomainFilter,
+    ErrorFilter,
     FinishedWithinFilter,
     RecoveryDecisionFilter,
     StageFilter,
@@ -21,8 +24,10 @@ from dispatch_app.admin.filters import (
     WorkerFilter,
 )
 from dispatch_app.admin.timeline import TimelineViews
+from dispatch_app.admin.untrusted import parse_id, parse_ids
+from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops import actions, rqjobs, timeline
+from dispatch_app.ops import actions, blockers, confirm_warnings, rqjobs, stats, timeline
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 
@@ -44,6 +49,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         "queue_wait",
         "run_time",
         "rq_side",
+        "short_error",
         "timeline_link",
     )
     list_filter = (
@@ -55,6 +61,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         FinishedWithinFilter,
         RecoveryDecisionFilter,
         WorkerFilter,
+        ErrorFilter,
     )
     search_fields = ("=id", "vendor_request_id")
     ordering = ("-id",)
@@ -66,13 +73,22 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
 
     def get_queryset(self, request):
         # The stage columns are the current attempt's (dispatch_app.stages), fetched with the page.
-        return stages.annotate_current(super().get_queryset(request).annotate(_age=since("submitted_at")))
+        qs = super().get_queryset(request).annotate(_age=since("submitted_at"), _updated=since("updated_at"))
+        return stages.annotate_current(qs)
+
+    def get_ordering(self, request):
+        # Jobs waiting in RQ: the queue's head first, not the newest, so "who is next" is on page 1. First dispatch
+        # order approximates queue order (a re-dispatched job, a recovery lane, can differ: the RQ side column
+        # gives each job's exact position). Elsewhere newest first.
+        if request.GET.get("stage") == "rq" or request.GET.get("status__exact") == "queued":
+            return ("dispatched_at", "id")
+        return super().get_ordering(request)
 
     def get_search_results(self, request, queryset, search_term):
         # A number is a job id, exactly: "5" finds job 5, not every vendor request id containing a 5.
-        term = search_term.strip().lstrip("#")
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
+        job_id = parse_id(search_term.strip().lstrip("#"))
+        if job_id is not None:
+            return queryset.filter(pk=job_id), False
         return super().get_search_results(request, queryset, search_term)
 
     def _stage(self, obj, key: str) -> str:
@@ -83,36 +99,48 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
             return "–"
         return format_duration(stage.duration) + (" so far" if stage.ongoing else "")
 
-    @admin.display(description="waiting in")
+    @admin.display(description="waiting in: behind what")
     def waiting_in(self, obj):
         if not hasattr(obj, "_now"):
-            return timeline.waiting_stage(obj.status)
-        key = stages.current_attempt(obj).waiting_in(obj._now)
-        return stages.SHORT.get(key, key)
+            where = timeline.waiting_stage(obj.status)
+        else:
+            key = stages.current_attempt(obj).waiting_in(obj._now)
+            where = stages.SHORT.get(key, key)
+        blocker = getattr(obj, "_blocker", None)
+        if blocker is None or not blocker.text:
+            return where
+        if blocker.alarming:
+            return format_html('{}: <span class="pf-blocker pf-red">{}</span>', where, blocker.text)
+        return format_html('{}: <span class="pf-blocker">{}</span>', where, blocker.text)
 
-    @admin.display(description="age", ordering="submitted_at")
+    @admin.display(description="age (since submit)", ordering="submitted_at")
     def age(self, obj):
         return format_duration(getattr(obj, "_age", None))
 
-    @admin.display(description="backoff")
+    @admin.display(description="backoff (created → due)")
     def backoff_wait(self, obj):
         return self._stage(obj, "backoff")
 
-    @admin.display(description="outbox")
+    @admin.display(description="outbox (due → dispatched)")
     def outbox_wait(self, obj):
         return self._stage(obj, "outbox")
 
-    @admin.display(description="RQ queue")
+    @admin.display(description="RQ queue (dispatched → started)")
     def queue_wait(self, obj):
         return self._stage(obj, "rq")
 
-    @admin.display(description="worker")
+    @admin.display(description="worker (started → finished)")
     def run_time(self, obj):
         return self._stage(obj, "worker")
 
     @admin.display(description="RQ side")
     def rq_side(self, obj):
-        text, alarming = rqjobs.describe(obj.status, getattr(obj, "_rq", None), fmt_instant=utc)
+        state = getattr(obj, "_rq", None)
+        text, alarming = rqjobs.describe(obj.status, state, fmt_instant=utc)
+        if alarming and obj.status == "running" and state is not None and not state.error:
+            # A dead worker holds it: say when recovery acts, with the setting that decides.
+            updated = getattr(obj, "_updated", None)
+            text += "; " + blockers.recovery_eta_for(obj.domain, updated.total_seconds() if updated else None)
         return format_html('<span class="pf-rq-side pf-red">{}</span>', text) if alarming else text
 
     def get_changelist_instance(self, request):
@@ -123,7 +151,26 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         found = rqjobs.states(page)
         for job in page:
             job._rq = found.get(job.pk)
+        # The outbox side, for the page's jobs not in RQ yet: their envelope, the pause, a live dispatcher.
+        waiting = [job for job in page if job.status == "submitted"]
+        if waiting:
+            with connection.cursor() as cursor:
+                envelopes = blockers.envelopes_of(cursor, [job.pk for job in waiting])
+                paused = actions.paused_domains(cursor)
+                alive = blockers.live_dispatcher(stats.dispatchers(cursor, dispatch_settings().HEARTBEAT_STALE_SECONDS))
+            for job in waiting:
+                job._blocker = blockers.outbox(
+                    job.status, job.attempt, envelopes.get(job.pk), paused.get(job.domain), alive
+                )
         return changelist
+
+    @admin.display(description="last error")
+    def short_error(self, obj):
+        """The error's first line (exception class and message), cut: the timeline has the rest."""
+        first = (obj.error or "").split("\n", 1)[0]
+        if not first:
+            return "–"
+        return format_html('<span class="pf-error" title="{}">{}</span>', first, Truncator(first).chars(90))
 
     @admin.display(description="timeline")
     def timeline_link(self, obj):
@@ -135,43 +182,77 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
     def has_cancel_permission(self, request):
         return request.user.has_perm("dispatch_app.cancel_job")
 
-    @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
-    def retry_now(self, request, queryset):
-        confirmed = request.POST.get("confirmed") == "yes"
-        if confirmed:
-            # Exactly the jobs the confirmation page listed. The confirming POST goes to the filtered list's URL,
-            # so ``queryset`` is that filter applied again: a job that left it while the operator read the page
-            # (the failures link's finished_within=5m) would silently drop out. Each is re-checked under lock.
-            posted = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
-            ids = sorted({int(v) for v in posted if v.isdigit()})
-        else:
-            ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
+    def _selected_ids(self, request, queryset) -> tuple[bool, list[int] | None]:
+        """(confirmed?, the job ids the action is about), or ids None after a message (too many).
+
+        Confirmed: exactly the jobs the confirmation page listed (its hidden fields). The confirming POST goes to
+        the filtered list's URL and may carry select_across=1, so ``queryset`` is that filter applied again: a
+        job that joined it meanwhile was never shown, one that left it (the failures link's finished_within=5m)
+        was. Each listed job is re-checked under lock by the action itself."""
+        if request.POST.get("confirmed") == "yes":
+            return True, parse_ids(request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)) or []
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: RETRY_CONFIRM_MAX + 1])
         if len(ids) > RETRY_CONFIRM_MAX:
             self.message_user(
                 request, f"More than {RETRY_CONFIRM_MAX} jobs selected; narrow the filter.", messages.ERROR
             )
+            return False, None
+        return False, ids
+
+    def _confirm_page(self, request, template: str, title: str, action: str, ids: list[int], **extra):
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "ids": ids,
+            "action": action,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            **extra,
+        }
+        return TemplateResponse(request, template, context)
+
+    @admin.action(description="Retry now (through the outbox; failed and outcome_unknown too)", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        confirmed, ids = self._selected_ids(request, queryset)
+        if ids is None:
             return None
         if not confirmed:
             # An intermediate page first: per domain, whether re-running is safe and which vendor requests
             # are in doubt. Nothing changes until the operator confirms.
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Retry these jobs?",
-                "opts": self.model._meta,
-                "plans": actions.retry_plan(ids),
-                "ids": ids,
-                "action": "retry_now",
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            }
-            return TemplateResponse(request, "admin/dispatch_app/job/retry_confirm.html", context)
+            return self._confirm_page(
+                request,
+                "admin/dispatch_app/job/retry_confirm.html",
+                "Retry these jobs?",
+                "retry_now",
+                ids,
+                plans=(plans := actions.retry_plan(ids)),
+                warnings=confirm_warnings.retry_warnings(plans, ids),
+            )
         report(self, request, [actions.retry_job_now(pk, user=request.user) for pk in ids])
         return None
 
-    @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
+    @admin.action(description="Cancel the selected jobs (asks for a reason first)", permissions=["cancel"])
     def cancel(self, request, queryset):
-        report(
-            self, request, [actions.cancel_job(pk, user=request.user) for pk in queryset.values_list("pk", flat=True)]
-        )
+        confirmed, ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return None
+        reason = request.POST.get("reason", "").strip()
+        if not confirmed or not reason:
+            # Every job listed by id, domain and status; the reason goes on each job's event and the admin log.
+            jobs = list(Job.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "domain", "status"))
+            return self._confirm_page(
+                request,
+                "admin/dispatch_app/job/cancel_confirm.html",
+                "Cancel these jobs?",
+                "cancel",
+                [pk for pk, _, _ in jobs],
+                jobs=jobs,
+                finished=[j for j in jobs if j[2] not in timeline.STAGE_BY_STATUS],
+                reason=reason,
+                error="A reason is required." if confirmed else "",
+            )
+        report(self, request, [actions.cancel_job(pk, user=request.user, reason=reason) for pk in ids])
+        return None
 
     def get_urls(self):
         view = self.admin_site.admin_view

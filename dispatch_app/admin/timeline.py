@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db import connection
 from django.http import Http404
 from django.template.response import TemplateResponse
 
+from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops import rqjobs, timeline
+from dispatch_app.ops import actions, blockers, rqjobs, stats, timeline
 from dispatch_app.ops.timeline import format_duration
 
 
@@ -26,6 +29,17 @@ def rq_state(data):
     return {**state.__dict__, "dead_for": dead_for}
 
 
+def outbox_blocker(job) -> blockers.Blocker:
+    """What holds a job that has not reached RQ (the list's wording)."""
+    if job.status != "submitted":
+        return blockers.Blocker("none", "")
+    with connection.cursor() as cursor:
+        envelope = blockers.envelopes_of(cursor, [job.pk]).get(job.pk)
+        pause = actions.paused_domains(cursor).get(job.domain)
+        alive = blockers.live_dispatcher(stats.dispatchers(cursor, dispatch_settings().HEARTBEAT_STALE_SECONDS))
+    return blockers.outbox(job.status, job.attempt, envelope, pause, alive)
+
+
 class TimelineViews:
     def timeline_view(self, request, job_id: int):
         if not self.has_view_permission(request):
@@ -37,13 +51,24 @@ class TimelineViews:
             data = timeline.build(job_id)
         except Job.DoesNotExist:
             raise Http404(f"job {job_id} does not exist") from None
+        state = rq_state(data)
+        if state and data.job.status == "running" and state.get("worker") and not state.get("worker_alive"):
+            updated = (data.now - data.job.updated_at).total_seconds()
+            state["recovery_eta"] = blockers.recovery_eta_for(data.job.domain, updated)
         context = {
             **self.admin_site.each_context(request),
             "title": f"Timeline of {data.job}",
+            "blocker": outbox_blocker(data.job),
+            "envelope_due": {
+                env.pk: blockers.in_seconds((env.available_at - data.now).total_seconds()) for env in data.envelopes
+            },
+            "can_retry": request.user.has_perm("dispatch_app.retry_job"),
+            "can_cancel": request.user.has_perm("dispatch_app.cancel_job"),
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
             "opts": self.model._meta,
             "timeline": data,
             "entries": [(e, format_duration(e.until_next)) for e in data.entries],
             "stages": [(s, format_duration(s.duration)) for s in data.stages],
-            "rq_state": rq_state(data),
+            "rq_state": state,
         }
         return TemplateResponse(request, "admin/dispatch_app/timeline.html", context)

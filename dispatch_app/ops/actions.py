@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from dispatch_app import transitions, vendor_calls
 from dispatch_app.conf import NOTIFY_CHANNEL
 from dispatch_app.domains import domain_keys
-from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
+from dispatch_app.models import DispatchEnvelope, DomainPause, DomainPauseEvent, Job, JobEvent
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
@@ -66,6 +66,7 @@ def retry_envelope_now(envelope_id: int, *, user=None) -> Outcome:
             job_id=row[0],
             attempt=row[1],
             kind="operator_retry_now",
+            actor=_actor(user),
             reason=f"by {_actor(user)}",
             data={"envelope_id": envelope_id},
         )
@@ -85,6 +86,10 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
         if row is None:
             return Outcome(False, f"job {job_id} does not exist")
         attempt, status = row
+        # Refused before anything is written: a cancelled job may still have a pending envelope (the worker's
+        # start refuses it), and making that envelope due would report a retry that never runs.
+        if status not in ("submitted", "queued", "running", *RETRYABLE_FINISHED):
+            return Outcome(False, f"job {job_id} is {status}; only unfinished, failed or outcome_unknown jobs retry")
         cursor.execute(
             f"SELECT id FROM {ENVELOPE} WHERE job_id = %s AND attempt = %s AND status = 'pending'",
             [job_id, attempt],
@@ -95,8 +100,6 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
             if outcome.applied:
                 return outcome
             return Outcome(False, f"job {job_id} is already due or being sent")
-        if status not in ("submitted", "queued", "running", *RETRYABLE_FINISHED):
-            return Outcome(False, f"job {job_id} is {status}; only unfinished, failed or outcome_unknown jobs retry")
         if pending is not None:
             # A failed job whose envelope is still pending cannot be (the dead-letter path closes both);
             # refuse rather than put two envelopes of one job in flight.
@@ -109,6 +112,11 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
             allowed_statuses=("submitted", "queued", "running", *RETRYABLE_FINISHED),
         )
         abandoned = 0
+        if new_attempt is not None:
+            # transitions.redispatch writes the event; the operator's name goes on it here (same transaction).
+            JobEvent.objects.filter(job_id=job_id, attempt=attempt, kind="operator_redispatch").update(
+                actor=_actor(user)
+            )
         if new_attempt is not None and status in RETRYABLE_FINISHED:
             transitions.reopen(cursor, job_id)
         if new_attempt is not None:
@@ -165,6 +173,7 @@ def rearm_envelope(envelope_id: int, *, user=None) -> Outcome:
             job_id=job_id,
             attempt=attempt,
             kind="operator_rearm",
+            actor=_actor(user),
             reason=f"by {_actor(user)}",
             data={"envelope_id": envelope_id, "previous_error": last_error},
         )
@@ -186,6 +195,7 @@ def cancel_job(job_id: int, *, user=None, reason: str = "") -> Outcome:
             job_id=job_id,
             attempt=attempt,
             kind="operator_cancel",
+            actor=_actor(user),
             reason=f"by {_actor(user)}" + (f": {reason}" if reason else ""),
             data={"previous_status": previous},
         )
@@ -214,12 +224,13 @@ def pause_domain(domain: str, *, user=None, reason: str = "") -> Outcome:
         row = cursor.fetchone()
         if row is None:
             return Outcome(False, f"{domain} is already paused")
+        DomainPauseEvent.objects.create(domain=domain, op="pause", actor=_actor(user), reason=reason[:2000])
         note = "Paused dispatch" + (f": {reason}" if reason else "")
         _admin_log(user, DomainPause, row[0], f"{domain} dispatch", note)
     return Outcome(True, f"dispatch of {domain} paused; its envelopes stay pending")
 
 
-def resume_domain(domain: str, *, user=None) -> Outcome:
+def resume_domain(domain: str, *, user=None, reason: str = "") -> Outcome:
     """Dispatch the domain again, and wake the dispatchers: its due envelopes were announced while paused."""
     _check_domain(domain)
     with transaction.atomic(), connection.cursor() as cursor:
@@ -228,7 +239,10 @@ def resume_domain(domain: str, *, user=None) -> Outcome:
         if row is None:
             return Outcome(False, f"{domain} is not paused")
         cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, domain])
-        _admin_log(user, DomainPause, row[0], f"{domain} dispatch", "Resumed dispatch")
+        DomainPauseEvent.objects.create(domain=domain, op="resume", actor=_actor(user), reason=reason[:2000])
+        _admin_log(
+            user, DomainPause, row[0], f"{domain} dispatch", "Resumed dispatch" + (f": {reason}" if reason else "")
+        )
     return Outcome(True, f"dispatch of {domain} resumed")
 
 

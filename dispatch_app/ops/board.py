@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops import actions, rqside, stats
+from dispatch_app.ops import actions, alarms, blockers, rqside, stats
 
 ATTEMPT = "dispatch_app_jobattempt"
 JOB = "dispatch_app_job"
@@ -189,6 +189,9 @@ def banners(data: dict) -> list[dict]:
                 "envelope(s): their jobs will not be sent until re-armed.",
                 f"envelopes:status__exact=dead&domain__exact={domain}",
             )
+    out.extend(alarms.banners(data.get("failure_alarms") or {}))
+    out.extend(blockers.dead_worker_banners(data.get("running_workers") or [], rq))
+    out.extend(data.get("prefetched_by_dead") or [])
     for w in rq["workers"]:
         if w["failing_every_job"]:
             add(
@@ -236,10 +239,16 @@ def build(*, redis_conn=None) -> dict:
         rates = activity(cursor)
         series = charts(cursor)
         paused = actions.paused_domains(cursor)
-    from dispatch_app.conf import dispatch_settings
+        from dispatch_app.conf import dispatch_settings
+
+        conf = dispatch_settings()
+        failure_alarms = alarms.failure_rates(cursor, conf)
+        by_worker = alarms.worker_outcomes(cursor)
+        running = blockers.running_workers(cursor)
+        waits = blockers.domain_waits(cursor)
     from dispatch_app.recovery.policy import resolve_all
 
-    policies = resolve_all(dispatch_settings().RECOVERY)
+    policies = resolve_all(conf.RECOVERY)
     for domain, d in snap["domains"].items():
         d["registered"] = domain in policies
         d["retry_safe"] = policies[domain].retry_safe if domain in policies else None
@@ -248,7 +257,14 @@ def build(*, redis_conn=None) -> dict:
         d["activity"] = rates.get(domain)
         d["chart"] = series.get(domain, [])
         d["paused"] = paused.get(domain)
+        d["waits"] = waits.get(domain, {"not_due": 0, "leased": 0, "next_due_in": None})
+    for w in rq["workers"]:
+        # The jobs it ran, as PostgreSQL recorded their end (RQ counts a business failure as a success).
+        w["jobs_1h"] = by_worker.get(w["name"], {"succeeded": 0, "failed": 0})
     snap["rq"] = rq
     snap["paused"] = paused
+    snap["failure_alarms"] = failure_alarms
+    snap["running_workers"] = running
+    snap["prefetched_by_dead"] = blockers.prefetched_by_dead(snap["domains"], rq)
     snap["banners"] = banners(snap)
     return snap

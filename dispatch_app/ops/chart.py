@@ -50,17 +50,25 @@ def _fmt(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
-def domain_charts_svg(series: list[dict], domain: str, *, width: int = 320, height: int = 64) -> str:
-    """Two small panels for one domain over the series' minutes: counts (dispatched bars, finished line,
-    failed bars in red) and waits (p95 outbox and p95 RQ queue per dispatch minute)."""
+def domain_charts_svg(series: list[dict], domain: str, *, width: int = 300, height: int = 74) -> str:
+    """Three small panels for one domain over the series' minutes: counts (dispatched bars, finished line),
+    failures on their own scale (a handful of failures next to thousands of jobs must not be a sliver), and
+    waits (p95 outbox and p95 RQ queue per dispatch minute). Each has its y scale and a time axis."""
     return mark_safe(  # noqa: S308 - numbers and escaped text only
         _panel(
             series,
-            f"{domain}: dispatched (bars), finished (line), failed (red) per minute",
+            f"{domain}: dispatched (bars) and finished (line) per minute",
             bars=[("dispatched", "#417690")],
-            overlay_bars=[("failed", "#ba2121")],
             lines=[("finished", "#2a2")],
             width=width,
+            height=height,
+            unit="",
+        )
+        + _panel(
+            series,
+            f"{domain}: failed or outcome_unknown per minute (own scale)",
+            bars=[("failed", "#ba2121")],
+            width=width // 2,
             height=height,
             unit="",
         )
@@ -76,8 +84,8 @@ def domain_charts_svg(series: list[dict], domain: str, *, width: int = 320, heig
 
 
 def _panel(series, label, *, bars=(), overlay_bars=(), lines=(), width, height, unit) -> str:
-    pad_left, pad_right, pad_y = 34, 4, 6
-    plot_w, plot_h = width - pad_left - pad_right, height - 2 * pad_y
+    pad_left, pad_right, pad_y, axis = 34, 4, 6, 10  # axis: room under the plot for the time labels
+    plot_w, plot_h = width - pad_left - pad_right, height - 2 * pad_y - axis
     n = max(len(series), 1)
     step = plot_w / n
     keys = [k for k, _ in (*bars, *overlay_bars, *lines)]
@@ -112,5 +120,10 @@ def _panel(series, label, *, bars=(), overlay_bars=(), lines=(), width, height, 
             parts.append(f'<circle cx="{x}" cy="{y}" r="1.5" fill="{color}"/>')
         elif points:
             parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{color}" stroke-width="1.2"/>')
+    minutes = len(series)
+    parts.append(
+        f'<text x="{pad_left}" y="{height - 2}" font-size="9" fill="#555">-{minutes} min</text>'
+        f'<text x="{pad_left + plot_w}" y="{height - 2}" font-size="9" fill="#555" text-anchor="end">now</text>'
+    )
     parts.append("</svg>")
     return "".join(parts)

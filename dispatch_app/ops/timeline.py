@@ -7,12 +7,13 @@ database timestamps; an unfinished stage is measured up to the database clock re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from dispatch_app import stages as st
 from dispatch_app.dbtime import db_now
-from dispatch_app.models import DispatchEnvelope, Job, JobEvent
+from dispatch_app.models import DispatchEnvelope, DomainPauseEvent, Job, JobEvent
 
 STAGE_BY_STATUS = {"submitted": "outbox", "queued": "RQ queue", "running": "worker"}
 
@@ -43,6 +44,10 @@ class AttemptView:
     traceback: str
     ended_by: str  # for a superseded attempt: the event that replaced it, with its reason
     current: bool
+    # Time its domain was paused while this attempt waited in the outbox (part of the outbox stage, shown as its
+    # own stage: the dispatcher could not have sent it), and the formatted duration.
+    paused: timedelta | None = None
+    paused_text: str = ""
 
 
 @dataclass
@@ -57,12 +62,44 @@ class Timeline:
     attempts: list[AttemptView] = field(default_factory=list)  # newest first
 
 
+def pause_intervals(domain: str, since: datetime, now: datetime) -> tuple[list, list[DomainPauseEvent]]:
+    """The domain's paused intervals [(start, end)] overlapping [since, now] and the pause/resume events in it
+    (DomainPauseEvent; a pause still on ends at ``now``)."""
+    before = DomainPauseEvent.objects.filter(domain=domain, at__lt=since).order_by("-at", "-id").first()
+    events = list(DomainPauseEvent.objects.filter(domain=domain, at__gte=since, at__lte=now).order_by("at", "id"))
+    intervals, start = [], (since if before is not None and before.op == "pause" else None)
+    for event in events:
+        if event.op == "pause" and start is None:
+            start = event.at
+        elif event.op == "resume" and start is not None:
+            intervals.append((start, event.at))
+            start = None
+    if start is not None:
+        intervals.append((start, now))
+    return intervals, events
+
+
+def overlap(intervals, start: datetime | None, end: datetime | None) -> timedelta | None:
+    if start is None or end is None:
+        return None
+    total = sum((max(min(e, end) - max(s, start), timedelta(0)) for s, e in intervals), timedelta(0))
+    return total or None
+
+
+def _paused_in_outbox(attempt: st.Attempt, intervals, now: datetime) -> timedelta | None:
+    outbox = next((s for s in attempt.stages(now) if s.key == "outbox"), None)
+    if outbox is None or outbox.start is None:
+        return None
+    return overlap(intervals, outbox.start, outbox.end or now)
+
+
 def build(job_id: int) -> Timeline:
     job = Job.objects.get(pk=job_id)
     now = db_now()
     envelopes = list(DispatchEnvelope.objects.filter(job_id=job_id).order_by("attempt"))
     events = list(JobEvent.objects.filter(job_id=job_id).order_by("at", "id"))
     attempts = st.job_attempts(job, envelopes)
+    intervals, pauses = pause_intervals(job.domain, job.submitted_at, job.finished_at or now)
     by_attempt = {env.attempt: env for env in envelopes}
     entries: list[Entry] = []
     views: list[AttemptView] = []
@@ -88,13 +125,23 @@ def build(job_id: int) -> Timeline:
                 current=n == job.attempt,
             )
         )
+        paused = _paused_in_outbox(attempt, intervals, now)
+        views[-1].paused, views[-1].paused_text = paused, format_duration(paused) if paused else ""
     for event in events:
         entries.append(
             Entry(event.at, "event", event.kind, detail=_data(event.data), reason=event.reason, attempt=event.attempt)
         )
-    entries.sort(key=lambda e: e.at)
+    for pause in pauses:
+        # The attempt it happened in: the latest one created before it.
+        n = max((a.attempt for a in attempts if a.created_at <= pause.at), default=attempts[0].attempt)
+        label = f"dispatch of {job.domain} {'paused' if pause.op == 'pause' else 'resumed'}"
+        reason = f"by {pause.actor or 'system'}" + (f": {pause.reason}" if pause.reason else "")
+        entries.append(Entry(pause.at, "pause", label, reason=reason, attempt=n))
+    # By attempt, then time: an attempt's last event (its retry decision) comes before the next attempt's rows
+    # even when the next envelope was written in the same instant.
+    entries.sort(key=lambda e: (e.attempt or 0, e.at))
     for current, following in zip(entries, entries[1:], strict=False):
-        current.until_next = following.at - current.at
+        current.until_next = following.at - current.at if following.at >= current.at else None
     if entries and job.finished_at is None:
         entries[-1].until_next = now - entries[-1].at
     current = attempts[-1]
@@ -152,9 +199,19 @@ def _data(data) -> str:
 
 
 def format_duration(value: timedelta | float | None) -> str:
-    if value is None:
+    """A duration for people; anything that is not one ("" from a template's missing key, None) reads "–":
+    the pages show what is unknown, they never fail on it."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif value is None or isinstance(value, (str, bool)):
         return "–"
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    else:
+        try:
+            seconds = float(value)  # int, float, Decimal
+        except (TypeError, ValueError):
+            return "–"
+    if not math.isfinite(seconds):
+        return "–"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:

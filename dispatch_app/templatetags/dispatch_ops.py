@@ -2,6 +2,7 @@
 ("850 ms", "12.3 s", "4.5 min", "2.0 h"), ages as "<duration> ago", instants as "YYYY-MM-DD HH:MM:SS UTC"
 (``utc``), with milliseconds where stages are that short (``utc:"ms"``, the timeline)."""
 
+import math
 from datetime import UTC, datetime
 
 from django import template
@@ -17,6 +18,18 @@ def get(mapping, key):
     return (mapping or {}).get(key)
 
 
+def _number(value) -> float | None:
+    """A template's missing key resolves to "" (string_if_invalid); a row of a domain nobody reads (Redis down,
+    an unregistered domain) is full of them. Every filter here reads them as unknown, never as an error."""
+    if value is None or isinstance(value, (str, bool)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 @register.filter
 def seconds(value):
     return format_duration(value)
@@ -24,7 +37,25 @@ def seconds(value):
 
 @register.filter
 def ago(value):
-    return "never" if value is None else f"{format_duration(value)} ago"
+    if value is None or value == "":
+        return "never"
+    return f"{format_duration(value)} ago"
+
+
+@register.filter
+def in_seconds(value):
+    """Seconds from now to a moment: "in 12.0 s" ahead, "12.0 s ago" behind, "–" unknown."""
+    from dispatch_app.ops.blockers import in_seconds as relative
+
+    return relative(_number(value))
+
+
+@register.filter
+def from_now(value, now):
+    """An instant relative to ``now`` (both datetimes): "in 12.0 s" ahead, "12.0 s ago" behind."""
+    if not isinstance(value, datetime) or not isinstance(now, datetime):
+        return "–"
+    return in_seconds((value - now).total_seconds())
 
 
 @register.filter
@@ -47,15 +78,17 @@ def utc(value, precision: str = ""):
 
 @register.filter
 def percent(value):
-    return "–" if value is None else f"{value * 100:.0f}%"
+    number = _number(value)
+    return "–" if number is None else f"{number * 100:.0f}%"
 
 
 @register.filter
 def usage(value):
     """A 0..1 fraction as a percentage that stays readable when tiny (NOTIFY queue usage)."""
-    if value is None:
+    number = _number(value)
+    if number is None:
         return "–"
-    pct = float(value) * 100
+    pct = number * 100
     if pct == 0:
         return "0%"
     return "< 0.01%" if pct < 0.01 else f"{pct:.2f}%"
@@ -63,7 +96,7 @@ def usage(value):
 
 @register.filter
 def pcts(latency):
-    if not latency or not latency.get("count"):
+    if not isinstance(latency, dict) or not latency.get("count"):
         return "–"
     return " / ".join(format_duration(latency[k]) for k in ("p50", "p95", "p99")) + f" (n={latency['count']})"
 

@@ -225,7 +225,7 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         assert _text(browser, "pf-rq-workers") == "0 live workers serve it"
         browser.get(f"{live_server.url}/admin/dispatch_app/job/?domain__exact=delivery&stage=rq")
         rq_side = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#result_list td.field-rq_side")]
-        assert rq_side == [f"#{n} of 6 in delivery, 0 live workers" for n in range(6, 0, -1)]  # newest first
+        assert rq_side == [f"#{n} of 6 in delivery, 0 live workers" for n in range(1, 7)]  # the queue's head first
 
         # 2. A worker on another host killed with SIGKILL in the middle of a job (a vendor call that takes
         #    minutes). No pid check reaches another host and its hash is kept (RQ's own workers keep theirs for

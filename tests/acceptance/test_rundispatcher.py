@@ -128,6 +128,7 @@ def test_submitted_jobs_are_started_and_succeed_then_sigterm_exits_0_within_the_
     assert dispatcher.proc.wait(DEADLINE + 10) == 0, dispatcher.output()
     assert time.monotonic() - started < DEADLINE + 5
     assert "did not stop" not in dispatcher.output()
+    assert "Fatal Python error" not in dispatcher.output()  # no thread wrote during interpreter shutdown
     assert "start-up objects frozen" in dispatcher.output()  # runtime.gcfreeze, before the loops started
 
     worker.signal(signal.SIGTERM)

@@ -90,11 +90,13 @@ def test_an_action_needs_its_own_permission(client):
     assert j.status == "submitted" and not JobEvent.objects.filter(kind="operator_cancel").exists()
 
     client.force_login(staff("canceller", *VIEW, "dispatch_app.cancel_job"))
-    client.post(JOBS, {"action": "cancel", "_selected_action": [j.pk]}, follow=True)
+    confirm = {"action": "cancel", "_selected_action": [j.pk], "confirmed": "yes", "reason": "customer left"}
+    client.post(JOBS, confirm, follow=True)
     j.refresh_from_db()
     assert j.status == "cancelled" and j.finished_at is not None
     event = JobEvent.objects.get(job=j, kind="operator_cancel")
     assert "canceller" in event.reason and event.data == {"previous_status": "submitted"}
+    assert event.actor == "canceller" and "customer left" in event.reason
 
 
 @pytest.mark.django_db
@@ -262,6 +264,7 @@ def test_the_job_list_shows_the_current_attempts_stages(client):
     backing_off = job("delivery", "submitted", attempt=2, submitted_ago=900)
     attempt_row(backing_off, 1, created_ago=900, dispatched_ago=899, finished_ago=60, outcome="superseded")
     attempt_row(backing_off, 2, created_ago=60, due_ago=-600)
+    envelope(backing_off, "pending", attempt=2, created_ago=60, available_ago=-600)
     client.force_login(staff("viewer", *VIEW))
     page = client.get(JOBS).content.decode()
 
@@ -274,7 +277,10 @@ def test_the_job_list_shows_the_current_attempts_stages(client):
     assert cells[3] == "worker" and cells[6:9] == ["100.0 s", "5.0 s", "65.0 s"]
     assert cells[9].endswith("so far") and "14.8 min" not in page  # not first dispatch -> this start
     cells = row(backing_off)
-    assert cells[3] == "backoff" and cells[6].endswith("so far") and cells[7] == "–"
+    assert cells[3].startswith("backoff: backoff before retry 1 (attempt 2): due in 10.0 min") or cells[3].startswith(
+        "backoff: backoff before retry 1 (attempt 2): due in 9.9"
+    ), cells[3]
+    assert cells[6].endswith("so far") and cells[7] == "–"
 
 
 @pytest.mark.django_db

@@ -81,7 +81,7 @@ def test_a_silent_pipeline_worker_on_another_host_is_dead_since_its_last_heartbe
     assert "Its worker w-remote is DEAD" in page and f"not alive since {since}" in page
     assert "no heartbeat for 30 s" in page
     listing = client.get(f"{JOBS}?domain__exact=agent").content.decode()
-    assert f'<span class="pf-rq-side pf-red">w-remote: not alive since {since}</span>' in listing
+    assert f'<span class="pf-rq-side pf-red">w-remote: not alive since {since}; recovery takes it up' in listing
     assert '<span class="pf-rq-side pf-red">#1 of 1 in agent, 0 live workers</span>' in listing
 
     data = board.build(redis_conn=redis_conn)
@@ -281,6 +281,8 @@ def test_a_workers_counts_link_to_the_jobs_it_ran(client, redis_conn):
 
     live = client.get(LIVE).content.decode()
     row = re.search(r'<tr class="pf-worker"><th>w-counted</th>.*?</tr>', live, re.S).group(0)
-    (href,) = re.findall(r'<a href="([^"]*\?worker=[^"]+)"', row)
+    # Two links: RQ's counts (every job it ran) and PostgreSQL's outcomes of the last hour.
+    href, recent = re.findall(r'<a href="([^"]*\?worker=[^"]+)"', row)
+    assert "finished_within=1h" in recent
     page = client.get(html.unescape(href)).content.decode()
     assert set(re.findall(r"/admin/dispatch_app/job/(\d+)/change/", page)) == {str(ran.pk)}

@@ -215,7 +215,9 @@ def test_pause_keeps_envelopes_pending_and_resume_dispatches_them(client, redis_
     paused_job = submit("image_series", PAYLOADS["image_series"])
     other = submit("delivery", PAYLOADS["delivery"])
     client.force_login(staff("pauser", *VIEW, "dispatch_app.pause_domain"))
-    client.post(DASHBOARD + "pause/", {"domain": "image_series", "op": "pause", "reason": "vendor incident"})
+    client.post(
+        DASHBOARD + "pause/", {"domain": "image_series", "op": "pause", "reason": "vendor incident", "confirmed": "yes"}
+    )
     assert DomainPause.objects.get().paused_by == "pauser"
     claim = claim_batch(10, 30)
     assert [c.job_id for c in claim.envelopes] == [other.pk]  # the paused domain's envelope is passed over
@@ -223,11 +225,11 @@ def test_pause_keeps_envelopes_pending_and_resume_dispatches_them(client, redis_
     page = client.get(LIVE).content.decode()
     assert "PAUSED" in page and "vendor incident" in page and 'data-key="paused"' in page
 
-    client.post(DASHBOARD + "pause/", {"domain": "image_series", "op": "resume"})
+    client.post(DASHBOARD + "pause/", {"domain": "image_series", "op": "resume", "reason": "fixed", "confirmed": "yes"})
     assert not DomainPause.objects.exists()
     assert [c.job_id for c in claim_batch(10, 30).envelopes] == [paused_job.pk]
     log = list(LogEntry.objects.order_by("id").values_list("change_message", flat=True))
-    assert log == ["Paused dispatch: vendor incident", "Resumed dispatch"]
+    assert log == ["Paused dispatch: vendor incident", "Resumed dispatch: fixed"]
     with pytest.raises(ValueError, match="unknown domain 'nope'"):
         actions.pause_domain("nope")
 
@@ -287,10 +289,11 @@ def test_cancel_and_rearm_write_the_admin_log(client):
     dead_job = job("delivery", "failed")
     dead = envelope(dead_job, "dead", last_error="refused")
     client.force_login(staff("op", *VIEW, "dispatch_app.cancel_job", "dispatch_app.rearm_envelope"))
-    client.post(JOBS, {"action": "cancel", "_selected_action": [j.pk]}, follow=True)
+    confirm = {"action": "cancel", "_selected_action": [j.pk], "confirmed": "yes", "reason": "duplicate order"}
+    client.post(JOBS, confirm, follow=True)
     client.post("/admin/dispatch_app/dispatchenvelope/", {"action": "rearm", "_selected_action": [dead.pk]})
     messages = set(LogEntry.objects.values_list("change_message", flat=True))
-    assert messages == {"Cancelled (was submitted)", "Re-armed (back to pending)"}
+    assert messages == {"Cancelled (was submitted): duplicate order", "Re-armed (back to pending)"}
     assert "Recent actions" in client.get("/admin/").content.decode()
 
 

@@ -49,7 +49,11 @@ def rq_side(snap: dict) -> list[str]:
     """The dashboard's alarms, the RQ side and the failures (ops.board), when the snapshot has them."""
     if "rq" not in snap:
         return []
-    lines = ["", "alarms"] + [f"  {b['level'].upper()}: {b['text']}" for b in snap["banners"]]
+    lines = ["", "alarms"]
+    for b in snap["banners"]:
+        lines.append(f"  {b['level'].upper()}: {b['text']}")
+        # A failure alarm's top errors, as on the page (count × the error's first line).
+        lines += [f"    {e['count']} × {e['message'] or '(no error recorded)'}" for e in b.get("errors") or ()]
     if not snap["banners"]:
         lines.append("  none")
     if snap["rq"]["error"]:

@@ -136,7 +136,10 @@ class Command(SettingsErrorExit2, BaseCommand):
             pass
         hung = supervisor.join()
         supervisor.close()
-        sys.stdout.flush()
+        self.stdout.flush()
+        from dispatch_app.runtime.quiesce import quiesce
+
+        quiesce()  # no daemon thread writes while the interpreter finalizes (a fatal error otherwise)
         if hung:
             # Not a clean stop: a supervisor (systemd, Kubernetes) and the operator must see it.
             raise CommandError(f"loops still running at the deadline: {', '.join(hung)}", returncode=EXIT_HUNG)
