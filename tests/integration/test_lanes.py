@@ -189,3 +189,17 @@ def test_the_timeline_says_a_recovered_job_waits_in_the_recovery_lane_behind_new
     page = client.get(f"/admin/dispatch_app/job/{recovered[0].pk}/timeline/")
     assert page.status_code == 200
     assert b'id="pf-rq-lane">in the recovery lane, behind 2 new jobs that workers take first' in page.content
+
+
+def test_the_dashboard_shows_the_recovery_lane_of_a_domain(redis_conn, provider, client):
+    from django.contrib.auth.models import User
+
+    lost_and_recovered(2, provider)
+    submit("delivery", PAYLOADS["delivery"])
+    dispatch_now()
+    client.force_login(User.objects.create_superuser("op", "op@example.invalid", "pw"))
+    page = client.get("/admin/dispatch_app/job/dashboard/live/")
+    assert page.status_code == 200
+    row = page.content.decode().split('id="pf-rq-delivery"', 1)[1].split("</tr>", 1)[0]
+    assert "(2 in the recovery lane, oldest" in row
+    assert ">3</a>" in row  # the depth counts both lanes
