@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from dispatch_app.dispatch.publisher import rq_job_id
+from dispatch_app.domains.base import ASK
 from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import RQ_WAITING, Evidence, JobState
 
@@ -111,8 +112,7 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         state.status == "running"
         and not (rq_status == "started" and alive)
         and not never_started
-        and not policy.retry_safe
-        and policy.uses_vendor_request_id
+        and policy.in_doubt(askable=True) == ASK
     ):
         # The ledger's calls in doubt, oldest position first; a job from before the ledger has only its request id.
         for call in sorted(state.in_doubt, key=lambda c: c.seq):
