@@ -82,6 +82,19 @@ def verdicts(cursor, claims: dict[str, str | None]) -> dict[str, bool | None]:
     return {name: (parsed[name] in alive if name in parsed else None) for name in claims}
 
 
+def judged(claims: dict[str, str | None]) -> dict[str, bool | None]:
+    """``verdicts`` on Django's connection; {} (nobody judged) when there is no claim or PostgreSQL cannot answer."""
+    from django.db import DatabaseError, connection
+
+    if not any(claims.values()):
+        return {}
+    try:
+        with connection.cursor() as cursor:
+            return verdicts(cursor, claims)
+    except DatabaseError:
+        return {}
+
+
 class Beacon(threading.Thread):
     """Holds one idle autocommit session named ``session_tag`` while the process lives; reconnects when it is lost.
 

@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 import redis
-from django.db import DatabaseError
-from django.db import connection as db_connection
 from rq import worker_registration
 from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
 from rq.utils import parse_composite_key, utcparse
@@ -125,19 +123,8 @@ def workers(connection: redis.Redis) -> list[WorkerHealth]:
                 hostname=_text(data, "hostname") or None,
             )
         )
-    sessions = _sessions(claims)
+    sessions = liveness.judged(claims)
     return [replace(w, session_alive=sessions.get(w.name), alive=sessions.get(w.name) is not False) for w in out]
-
-
-def _sessions(claims: dict[str, str | None]) -> dict[str, bool | None]:
-    """Each worker's session verdict; all None when PostgreSQL cannot be asked (the heartbeat still tells)."""
-    if not any(claims.values()):
-        return {}
-    try:
-        with db_connection.cursor() as cursor:
-            return liveness.verdicts(cursor, claims)
-    except DatabaseError:
-        return {}
 
 
 def snapshot(connection: redis.Redis | None = None) -> dict:

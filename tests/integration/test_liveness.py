@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from dispatch_app import liveness
-from dispatch_app.ops import stats
+from dispatch_app.ops import rqside, stats
 from dispatch_app.recovery.evidence import worker_seen
 from dispatch_app.rqworker import health
 from tests.helpers import PYTHON, ROOT, wait_until
@@ -139,6 +139,12 @@ def test_recovery_and_the_health_view_tell_a_dead_worker_from_a_live_one(redis_c
     seen = {w.name: (w.session_alive, w.alive) for w in health.workers(redis_conn)}
     assert seen == {"w-live": (True, True), "w-dead": (False, False), "w-old": (None, True)}
     assert any("DEAD" in line for line in health.render(health.snapshot(redis_conn)) if "w-dead" in line)
+    judged = rqside.read_workers(redis_conn, ["w-live", "w-dead", "w-old"])
+    assert {name: (w.alive, w.dead_reason) for name, w in judged.items()} == {
+        "w-live": (True, ""),
+        "w-dead": (False, "its PostgreSQL session is gone"),
+        "w-old": (True, ""),
+    }
 
 
 def test_a_dispatcher_without_its_session_is_stale_at_once(beacon):
