@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
-from django.db import connection as db_connection
 from rq.exceptions import NoSuchJobError
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job as RQJob
@@ -91,11 +90,9 @@ def worker_seen(name: str | None, connection: redis.Redis) -> tuple[bool | None,
     if worker.death_date is not None:
         return False, worker.last_heartbeat
     claim = connection.hget(key, liveness.WORKER_HASH_FIELD)
-    if claim:
-        with db_connection.cursor() as cursor:
-            session = liveness.verdicts(cursor, {name: claim.decode(errors="replace")})[name]
-        if session is not None:
-            return session, worker.last_heartbeat
+    session = liveness.judged({name: claim.decode(errors="replace") if claim else None}).get(name)
+    if session is not None:
+        return session, worker.last_heartbeat
     return True, worker.last_heartbeat
 
 
