@@ -14,7 +14,9 @@ hash, the server instance its beacon is on (``where``); a reader on another
 server (or a PostgreSQL restarted since, before the beacon is back) cannot see
 it and says ``None`` (ask the heartbeat instead). A beacon whose session was
 terminated reconnects at once, so a live process is without one only for the
-length of a reconnect.
+length of a reconnect. A host that vanishes without closing its sockets leaves
+its session for the TCP keepalives to end (~15 s, ``SERVER_KEEPALIVE``); until
+then its heartbeat's expiry is what tells.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ WORKER_HASH_FIELD = "pf_pg_session"
 NAME_BYTES = 63
 
 # The server instance a session lives on: a reader compares it with its own before it believes an absence.
+# A host that vanishes without closing its sockets (power, network) is not a kill: the server would hold its session
+# for hours (the kernel's keepalive default). These end it within ~15 s on the server's side; the client's side
+# gives up on a silent server as soon, and reconnects. Both are ignored on unix sockets (nothing to lose there).
+SERVER_KEEPALIVE = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"
+CLIENT_KEEPALIVE = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+
 WHERE_SQL = "SELECT current_database() || '@' || extract(epoch FROM pg_postmaster_start_time())::text"
 SESSIONS_SQL = "SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name = ANY(%s)"
 
@@ -143,7 +157,8 @@ class Beacon(threading.Thread):
         self.connected.clear()
 
     def _hold(self) -> None:
-        params = {**self.conninfo(), "application_name": self.tag}
+        params = {**CLIENT_KEEPALIVE, **self.conninfo(), "application_name": self.tag}
+        params["options"] = f"{params.get('options') or ''} {SERVER_KEEPALIVE}".strip()
         params.setdefault("connect_timeout", 10)
         with psycopg.connect(autocommit=True, **params) as conn:
             with conn.cursor() as cursor:
