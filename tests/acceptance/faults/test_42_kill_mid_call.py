@@ -26,6 +26,7 @@ import json
 import signal
 
 import pytest
+import redis
 
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import WORKER_ARGS, record_figures
@@ -111,6 +112,11 @@ def test_a_worker_killed_mid_call_ends_as_its_domain_documents_within_the_bound(
     wait_until(lambda: ended("workflow", "succeeded"), timeout=60, message="workflow re-run")
     wait_until(lambda: ended("image_series", "succeeded"), timeout=60, message="image_series resumed")
     wait_until(lambda: ended("agent", "outcome_unknown"), timeout=60, message="agent concluded")
+
+    # Their RQ hashes still say "alive" (they expire after 6 silent heartbeat periods): the sessions told.
+    hashes = redis.Redis.from_url(stack.redis_url).keys("rq:worker:*")
+    for domain, proc in victims.items():
+        assert any(f".{proc.pid}.".encode() in key for key in hashes), (domain, hashes)
 
     # Re-run (attempt 2 started) or concluded (finished), in seconds after the kill, on the database clock.
     seconds = dict(
