@@ -38,7 +38,6 @@ WORKER_HASH_FIELD = "pf_pg_session"
 # PostgreSQL keeps NAMEDATALEN - 1 bytes of an application_name; a longer name is hashed to fit.
 NAME_BYTES = 63
 
-# The server instance a session lives on: a reader compares it with its own before it believes an absence.
 # A host that vanishes without closing its sockets (power, network) is not a kill: the server would hold its session
 # for hours (the kernel's keepalive default). These end it within ~15 s on the server's side; the client's side
 # gives up on a silent server as soon, and reconnects. Both are ignored on unix sockets (nothing to lose there).
@@ -51,6 +50,7 @@ CLIENT_KEEPALIVE = {
     "tcp_user_timeout": 15_000,
 }
 
+# The server instance a session lives on: a reader compares it with its own before it believes an absence.
 WHERE_SQL = "SELECT current_database() || '@' || extract(epoch FROM pg_postmaster_start_time())::text"
 SESSIONS_SQL = "SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name = ANY(%s)"
 
