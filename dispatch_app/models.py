@@ -337,6 +337,9 @@ class DispatcherProcess(models.Model):
     started_at = models.DateTimeField(db_default=ClockTimestamp())
     last_seen_at = models.DateTimeField(db_default=ClockTimestamp())
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # The application_name of its liveness session (dispatch_app.liveness): gone from pg_stat_activity the moment
+    # the process dies. Empty: none (yet); it is judged by last_seen_at alone.
+    session = models.CharField(max_length=100, blank=True, default="", db_default="")
 
 
 class LoopHeartbeat(models.Model):

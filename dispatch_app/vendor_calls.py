@@ -9,10 +9,11 @@ domain's work) and, per call, reads the ledger first:
   vendor is not called again;
 - ``failed``: it took no effect; it is made again (a new request id);
 - ``pending``/``unknown``: in doubt (the worker died mid-call, or the call timed
-  out). A vendor that keeps request records (``verifiable``) is asked: its
-  answer settles the call. Otherwise the work stops with ``VendorCallInDoubt``
-  and recovery decides (``recovery.decide``), within the domain's
-  ``VENDOR_EVIDENCE_TRUST_SECONDS``.
+  out). The domain's policy decides (``RecoveryPolicy.in_doubt``): a retry-safe
+  domain makes the call again; a vendor that keeps request records
+  (``verifiable``) is asked, and its answer settles the call; otherwise the work
+  stops with ``VendorCallInDoubt`` and recovery decides (``recovery.decide``),
+  within the domain's ``VENDOR_EVIDENCE_TRUST_SECONDS``.
 
 Each record is committed on its own (autocommit, outside any transaction), so
 it survives the worker dying a moment later. A success's outcome rides with the
@@ -35,6 +36,7 @@ from typing import Any
 from django.db import DatabaseError, connection
 
 from dispatch_app.dbretry import on_fresh_connections
+from dispatch_app.domains.base import CONCLUDE, RERUN, RecoveryPolicy
 from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
 
 log = logging.getLogger("dispatch_app.vendor_calls")
@@ -250,10 +252,14 @@ def confirmed_result(call: Call) -> dict:
 class Ledger:
     """One attempt's walk through its calls (``WorkContext.call_vendor``)."""
 
-    def __init__(self, job_id: int, attempt: int, provider):
+    # Without a domain's policy, a call's own ``verifiable`` decides: asked if it is, outcome_unknown if not.
+    ASK_WHEN_VERIFIABLE = RecoveryPolicy(uses_vendor_request_id=True)
+
+    def __init__(self, job_id: int, attempt: int, provider, policy: RecoveryPolicy | None = None):
         self.job_id = job_id
         self.attempt = attempt
         self.provider = provider
+        self.policy = policy if policy is not None else self.ASK_WHEN_VERIFIABLE
         self.next_seq = 0
         # A first attempt has nothing to resume (no attempt before it recorded anything): no query.
         self._prior: dict[int, Call] | None = {} if attempt == 1 else None
@@ -346,8 +352,20 @@ class Ledger:
         return result
 
     def _settle_earlier(self, earlier: Call, verifiable: bool) -> Any | None:
-        """Ask the vendor about an earlier call in doubt: its result if it took effect, None to call again."""
-        if not verifiable or not earlier.request_id:
+        """An earlier call in doubt, as the policy says: its result if it took effect, None to call again."""
+        action = self.policy.in_doubt(askable=verifiable and bool(earlier.request_id))
+        if action == RERUN:
+            # Kept in doubt (it may have taken effect), but closed: the newest call at this position is the new one.
+            settle(earlier.id, UNKNOWN, error="in doubt when its attempt ended; made again (retry-safe)")
+            log.info(
+                "job %s: vendor call %s (%s) was in doubt when its attempt ended; making it again (retry-safe)",
+                self.job_id,
+                earlier.seq,
+                earlier.request_id or "-",
+                extra={"action": "vendor_call_rerun", "domain": "worker"},
+            )
+            return None
+        if action == CONCLUDE:
             raise VendorCallInDoubt(earlier, "was in flight when its attempt ended; this vendor cannot be asked")
         try:
             answer = call_with_timeout(

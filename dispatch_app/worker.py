@@ -40,6 +40,8 @@ class WorkContext:
     provider: Provider
     # The start's database time (START_SQL returns it): dispatch_app.tasks hands it to task_started.
     started_at: Any = None
+    # The domain (or task queue) key: its policy tells the ledger what to do about a call left in doubt.
+    domain: str = ""
 
     def record_vendor_request(self, request_id: str) -> None:
         """Committed before the vendor call, so recovery can ask the vendor what happened."""
@@ -58,11 +60,13 @@ class WorkContext:
         being made again. ``verifiable``: the vendor keeps a record of the
         request id that ``Provider.request_status`` can ask about.
         """
+        from dispatch_app.recovery.policy import resolve
         from dispatch_app.vendor_calls import Ledger
 
         ledger = getattr(self, "_ledger", None)
         if ledger is None:
-            ledger = self._ledger = Ledger(self.job_id, self.attempt, self.provider)
+            policy = resolve(self.domain, dispatch_settings().RECOVERY) if self.domain else None
+            ledger = self._ledger = Ledger(self.job_id, self.attempt, self.provider, policy=policy)
         return ledger.call(purpose, call, verifiable=verifiable)
 
     def write_outcome(self, *, quiet: bool = False) -> None:
@@ -188,7 +192,9 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
         _finish(job_id, attempt, "failed", error=f"payload rejected: {exc}")
         return {"failed": str(exc)}
 
-    ctx = WorkContext(job_id=job_id, attempt=attempt, payload=payload, provider=get_provider(), started_at=row[2])
+    ctx = WorkContext(
+        job_id=job_id, attempt=attempt, payload=payload, provider=get_provider(), started_at=row[2], domain=domain_key
+    )
     try:
         try:
             result = domain.work(ctx)
@@ -240,17 +246,22 @@ def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: 
     """A known vendor failure: retry through the outbox while attempts remain.
 
     The retry resumes from the failing call (the vendor-call ledger). A call in
-    doubt is no failure: nothing is retried; a vendor that can be asked leaves
-    the job to recovery (which asks, within VENDOR_EVIDENCE_TRUST_SECONDS), any
-    other is outcome_unknown at once.
+    doubt is what the domain's policy says (``RecoveryPolicy.in_doubt``): in a
+    retry-safe domain a failure like any other (the retry makes it again); with a
+    vendor that can be asked, the job is left to recovery (which asks, within
+    VENDOR_EVIDENCE_TRUST_SECONDS); otherwise it is outcome_unknown at once.
     """
+    from dispatch_app.domains.base import CONCLUDE, RERUN
     from dispatch_app.recovery.policy import resolve
     from dispatch_app.vendor_calls import VendorCallInDoubt
 
-    if isinstance(exc, VendorCallInDoubt):
-        policy = resolve(domain.key, dispatch_settings().RECOVERY)
-        verifiable = bool(exc.call.request_id) and policy.uses_vendor_request_id
-        if not verifiable:
+    conf = dispatch_settings()
+    # The same policy recovery uses, settings overrides included.
+    policy = resolve(domain.key, conf.RECOVERY)
+    in_doubt = isinstance(exc, VendorCallInDoubt)
+    action = policy.in_doubt(askable=bool(exc.call.request_id)) if in_doubt else RERUN
+    if action != RERUN:
+        if action == CONCLUDE:
             reason = f"{exc}; it may have taken effect and this vendor cannot be asked"
             _finish(job_id, attempt, "outcome_unknown", error=reason)
             return {"outcome_unknown": reason}
@@ -263,10 +274,7 @@ def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: 
         )
         return {"in_doubt": str(exc)}
 
-    conf = dispatch_settings()
-    # The same attempt budget recovery uses, settings overrides included.
-    policy = resolve(domain.key, conf.RECOVERY)
-    reason = reason or f"provider failed: {exc}"
+    reason = reason or (f"{exc}; re-running is safe" if in_doubt else f"provider failed: {exc}")
     if attempt < policy.max_attempts:
         delay = min(conf.SEND_BACKOFF_BASE * (2 ** (attempt - 1)), conf.SEND_BACKOFF_MAX)
         with transaction.atomic():

@@ -56,6 +56,10 @@ def _kind_name(kinds: tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+# RecoveryPolicy.in_doubt's answers.
+RERUN, ASK, CONCLUDE = "rerun", "ask", "outcome_unknown"
+
+
 @dataclass(frozen=True)
 class RecoveryPolicy:
     """How recovery treats this domain's unfinished jobs (see dispatch_app.recovery)."""
@@ -76,6 +80,23 @@ class RecoveryPolicy:
     # The work makes every side effect through ctx.call_vendor (dispatch_app.vendor_calls): recovery
     # reasons over that ledger, and a job with no call in doubt can resume safely. Code, not a setting.
     records_vendor_calls: bool = False
+
+    def in_doubt(self, *, askable: bool) -> str:
+        """What the next attempt does about a vendor call an interrupted attempt left in doubt.
+
+        The one place this is decided: the worker (``worker._provider_failed``), the
+        ledger (``vendor_calls.Ledger``) and recovery (``recovery.decide``) all ask it.
+        ``askable``: the call has a request id the vendor keeps a record of.
+
+        - ``RERUN``: the domain (or task queue) is retry-safe: the call is made again;
+        - ``ASK``: the vendor is asked what became of it, and its answer settles it;
+        - ``CONCLUDE``: neither: it may have taken effect, so the job is concluded ``outcome_unknown``.
+        """
+        if self.retry_safe:
+            return RERUN
+        if askable and self.uses_vendor_request_id:
+            return ASK
+        return CONCLUDE
 
 
 # The dotted path RQ stores for a domain whose declaration names no task: the worker's entry point,

@@ -6,6 +6,11 @@ in memory and on the monotonic clock, when each loop last succeeded.
 ``clock_timestamp() - <seconds since the tick>``: a duration measured on the
 host, anchored on the database clock, so every age read later is the
 database's. Old rows are pruned by ``ops.retention``.
+
+The process also holds a PostgreSQL session named for its row
+(``dispatch_app.liveness.Beacon``): a dispatcher killed with -9 loses it at
+once, so ``session_alive`` reads it dead in seconds instead of after
+HEARTBEAT_STALE_SECONDS (``ops.stats.dispatchers``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
+from dispatch_app import liveness
 from dispatch_app.conf import DispatchSettings
 
 PROCESS = "dispatch_app_dispatcherprocess"
@@ -115,9 +121,17 @@ ON CONFLICT (process_id, loop) DO UPDATE SET
 
 class HeartbeatLoop:
     name = "heartbeat"
+    BEACON_WAIT = 5.0  # s: how long the first beat waits for the liveness session before it goes on without
 
     def __init__(
-        self, conf: DispatchSettings, tracker: HeartbeatTracker, stop: threading.Event, *, listener=None, observer=None
+        self,
+        conf: DispatchSettings,
+        tracker: HeartbeatTracker,
+        stop: threading.Event,
+        *,
+        listener=None,
+        observer=None,
+        with_beacon: bool = False,
     ):
         self.conf = conf
         self.tracker = tracker
@@ -128,19 +142,37 @@ class HeartbeatLoop:
         self.listener = listener
         self.process_id: int | None = None
         self.process_name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Ops.attach (a real dispatcher) asks for a liveness session; its name goes into the row once connected.
+        self.with_beacon = with_beacon
+        self.beacon: liveness.Beacon | None = None
+        self._session_written = ""
+
+    def _session(self) -> str:
+        """The liveness session's name once it is connected, else ''."""
+        beacon = self.beacon
+        return beacon.tag if beacon is not None and beacon.connected.is_set() else ""
 
     def register(self) -> int:
         with connection.cursor() as cursor:
             cursor.execute(
-                f"INSERT INTO {PROCESS} (name, hostname, pid, started_at, last_seen_at) "
-                "VALUES (%s, %s, %s, clock_timestamp(), clock_timestamp()) RETURNING id",
-                [self.process_name, socket.gethostname(), os.getpid()],
+                f"INSERT INTO {PROCESS} (name, hostname, pid, started_at, last_seen_at, session) "
+                "VALUES (%s, %s, %s, clock_timestamp(), clock_timestamp(), %s) RETURNING id",
+                [self.process_name, socket.gethostname(), os.getpid(), self._session()],
             )
             self.process_id = cursor.fetchone()[0]
+            self._session_written = self._session()
         self.tracker.mark_all_dirty()
         return self.process_id
 
     def wait(self) -> str:
+        if self.with_beacon and self.beacon is None:
+            # Started with the loop, not with the object: a HeartbeatLoop built and never run holds no session.
+            self.beacon = liveness.Beacon(
+                liveness.tag(liveness.DISPATCHER, self.process_name), liveness.django_conninfo
+            )
+            self.beacon.start()
+            if self.beacon.connected.wait(self.BEACON_WAIT):
+                return "tick"  # write it into the row now, so a kill from here on reads dead at once
         self.stop.wait(self.conf.HEARTBEAT_INTERVAL)
         return "tick"
 
@@ -158,10 +190,15 @@ class HeartbeatLoop:
         if self.process_id is None:
             self.register()
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {PROCESS} SET last_seen_at = clock_timestamp() WHERE id = %s", [self.process_id])
+            session = self._session() or self._session_written  # a session lost a moment is the same name
+            cursor.execute(
+                f"UPDATE {PROCESS} SET last_seen_at = clock_timestamp(), session = %s WHERE id = %s",
+                [session, self.process_id],
+            )
+            self._session_written = session
             if cursor.rowcount == 0:
-                # Pruned while we were silent (a long pause): come back as a new row.
-                self.process_name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+                # Pruned while we were silent (a long pause): come back as a new row, under the same name (the
+                # old row is gone), which the liveness session carries.
                 self.process_id = None
         if self.process_id is None:
             self.register()
@@ -183,11 +220,19 @@ class HeartbeatLoop:
         return len(rows)
 
     def mark_stopped(self) -> None:
-        if self.process_id is None:
-            return
-        self.run_once()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {PROCESS} SET stopped_at = clock_timestamp(), last_seen_at = clock_timestamp() WHERE id = %s",
-                [self.process_id],
-            )
+        try:
+            if self.process_id is None:
+                return
+            self.run_once()
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {PROCESS} SET stopped_at = clock_timestamp(), last_seen_at = clock_timestamp() "
+                    "WHERE id = %s",
+                    [self.process_id],
+                )
+        finally:
+            self.stop_beacon()  # after stopped_at: a stopped process never reads "dead" first
+
+    def stop_beacon(self) -> None:
+        if self.beacon is not None:
+            self.beacon.stop()

@@ -15,7 +15,8 @@ TTL it renews on every heartbeat, so a worker killed with SIGKILL disappears
 only when that TTL runs out (up to ``worker_ttl + 60`` s when idle,
 ``job_monitoring_interval + 60`` s mid-job). A worker on the host that serves
 this page is also checked by its pid, so a killed local worker shows dead at
-once. A worker hash marked with ``death`` or gone is dead. A PipelineWorker
+once; so is one whose PostgreSQL session is gone (``dispatch_app.liveness``), on
+any host. A worker hash marked with ``death`` or gone is dead. A PipelineWorker
 beats every ``pf_heartbeat_interval`` seconds (its hash says so) from its own
 thread, so on any host it is "not alive" once its last heartbeat is older than
 SILENT_PERIODS periods by Redis' clock (TIME): ~25 s at the default 10 s, not
@@ -36,7 +37,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from dispatch_app import lanes, redis_servers
+from dispatch_app import lanes, liveness, redis_servers
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
@@ -133,7 +134,12 @@ def _float(value: str) -> float | None:
 
 
 def _judge(
-    name: str, data: dict, local_host: str, redis_now: datetime | None = None, executions: list[str] = ()
+    name: str,
+    data: dict,
+    local_host: str,
+    redis_now: datetime | None = None,
+    executions: list[str] = (),
+    session: bool | None = None,
 ) -> WorkerInfo:
     pid = int(data["pid"]) if data.get("pid", "").isdigit() else None
     host = data.get("hostname", "")
@@ -145,6 +151,9 @@ def _judge(
         alive, reason = False, "its RQ hash is gone (TTL ran out without a heartbeat, or it was cleaned up)"
     elif data.get("death"):
         alive, reason = False, "it registered its death (stopped)"
+    elif session is False:
+        # Its PostgreSQL session (dispatch_app.liveness) ended with the process: dead on any host, at once.
+        alive, reason = False, "its PostgreSQL session is gone"
     elif host == local_host and pid is not None and not pid_alive(pid):
         alive, reason = False, f"pid {pid} no longer exists on {host}"
     elif interval and age is not None and age > SILENT_PERIODS * interval:
@@ -181,14 +190,12 @@ def read_workers(conn: redis.Redis, names) -> dict[str, WorkerInfo]:
         (seconds, micros), *raw = pipe.execute()
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     local = socket.gethostname()
+    hashes = [{_text(k): _text(v) for k, v in raw[2 * i].items()} for i in range(len(names))]
+    sessions = liveness.judged(
+        {name: data.get(liveness.WORKER_HASH_FIELD) for name, data in zip(names, hashes, strict=True)}
+    )
     return {
-        name: _judge(
-            name,
-            {_text(k): _text(v) for k, v in raw[2 * i].items()},
-            local,
-            redis_now,
-            [_text(e) for e in raw[2 * i + 1]],
-        )
+        name: _judge(name, hashes[i], local, redis_now, [_text(e) for e in raw[2 * i + 1]], sessions.get(name))
         for i, name in enumerate(names)
     }
 

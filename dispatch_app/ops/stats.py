@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from dispatch_app import stages
+from dispatch_app import liveness, stages
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 
@@ -184,11 +184,15 @@ def throughput(cursor, minutes: int = 60) -> list[dict]:
 
 
 def dispatchers(cursor, stale_seconds: float) -> list[dict]:
-    """Running dispatcher processes (not stopped) and each loop's last successful tick; stale ones flagged."""
+    """Running dispatcher processes (not stopped) and each loop's last successful tick; stale ones flagged.
+
+    A process whose PostgreSQL session is gone (``dispatch_app.liveness``; killed, host lost) is stale at
+    once (``session_alive`` False), whatever its last heartbeat says.
+    """
     cursor.execute(
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)
-        SELECT p.id, p.name, p.hostname, p.pid, extract(epoch FROM t.now - p.started_at),
+        SELECT p.id, p.name, p.session, p.hostname, p.pid, extract(epoch FROM t.now - p.started_at),
                extract(epoch FROM t.now - p.last_seen_at),
                h.loop, extract(epoch FROM t.now - h.last_tick_at), h.errors, h.last_error,
                extract(epoch FROM t.now - h.last_error_at)
@@ -198,8 +202,12 @@ def dispatchers(cursor, stale_seconds: float) -> list[dict]:
         ORDER BY p.started_at, p.id, h.loop
         """
     )
+    rows = cursor.fetchall()
+    sessions = liveness.live_tags(cursor, {row[2] for row in rows if row[2]})
     out: dict[int, dict] = {}
-    for pid_, name, host, pid, up, seen, loop, tick, errors, last_error, error_age in cursor.fetchall():
+    for pid_, name, tag, host, pid, up, seen, loop, tick, errors, last_error, error_age in rows:
+        # None: it names no session (not connected yet, an older version): its heartbeat alone tells.
+        session = (tag in sessions) if tag else None
         process = out.setdefault(
             pid_,
             {
@@ -208,7 +216,8 @@ def dispatchers(cursor, stale_seconds: float) -> list[dict]:
                 "pid": pid,
                 "uptime": _num(up, 3),
                 "last_seen_age": _num(seen, 3),
-                "stale": float(seen) > stale_seconds,
+                "session_alive": session,
+                "stale": float(seen) > stale_seconds or session is False,
                 "loops": [],
             },
         )

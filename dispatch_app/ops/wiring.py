@@ -62,7 +62,12 @@ class Ops:
         """Add the heartbeat and retention loops, register this process, start the metrics endpoint."""
         supervisor.ops = self
         self.heartbeat = HeartbeatLoop(
-            self.conf, self.heartbeats, supervisor.stop, listener=supervisor.listener, observer=self.observer
+            self.conf,
+            self.heartbeats,
+            supervisor.stop,
+            listener=supervisor.listener,
+            observer=self.observer,
+            with_beacon=True,
         )
         try:
             self.heartbeat.register()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from dispatch_app.domains.base import CONCLUDE, RERUN
+
 REDISPATCH = "redispatch"
 LEAVE_ALONE = "leave_alone"
 OUTCOME_UNKNOWN = "outcome_unknown"
@@ -159,7 +161,9 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
             "stopped before it took the job, so nothing ran",
         )
     story = f"interrupted mid-run: {_rq_story(evidence)}"
-    if policy.retry_safe:
+    # What happens to calls in doubt is the policy's (RecoveryPolicy.in_doubt, which the worker and the ledger ask
+    # too): a retry-safe domain re-runs whatever is in doubt, so its next attempt makes those calls again.
+    if policy.in_doubt(askable=True) == RERUN:
         return _attempt_or_fail(state, policy, f"{story}; re-running is safe")
     if policy.records_vendor_calls and (state.calls_recorded or not state.vendor_request_id):
         return _over_the_ledger(state, evidence, policy, now, story)
@@ -194,7 +198,7 @@ def _over_the_ledger(state: JobState, evidence: Evidence, policy, now: datetime,
     confirmed = redo = 0
     for call in sorted(state.in_doubt, key=lambda c: c.seq):
         what = f"vendor call {call.seq} ({call.purpose}, request {call.request_id or '-'})"
-        if not (policy.uses_vendor_request_id and call.request_id):
+        if policy.in_doubt(askable=bool(call.request_id)) == CONCLUDE:
             return Decision(OUTCOME_UNKNOWN, f"{story}; {what} was in flight and this vendor cannot be asked")
         status, error = evidence.answer(call.id)
         if status == "succeeded":

@@ -20,7 +20,9 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
+from dispatch_app import liveness
 from dispatch_app.dispatch.publisher import rq_job_id
+from dispatch_app.domains.base import ASK
 from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import RQ_WAITING, Evidence, JobState
 
@@ -72,13 +74,26 @@ def worker_alive(name: str | None, connection: redis.Redis) -> bool | None:
 
 
 def worker_seen(name: str | None, connection: redis.Redis) -> tuple[bool | None, datetime | None]:
-    """(alive, its last heartbeat by its own clock) of a worker; (None, None) without a name."""
+    """(alive, its last heartbeat by its own clock) of a worker; (None, None) without a name.
+
+    Its PostgreSQL session first (``dispatch_app.liveness``): gone the moment the process is, present
+    while it is merely slow. A worker whose session cannot be seen from here (none named in its hash:
+    not started yet, another kind of worker, another server) is judged by its hash, which lives while it
+    heartbeats and expires some periods after it stops.
+    """
     if not name:
         return None, None
-    worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=connection)
+    key = Worker.redis_worker_namespace_prefix + name
+    worker = Worker.find_by_key(key, connection=connection)
     if worker is None:
         return False, None
-    return worker.death_date is None, worker.last_heartbeat
+    if worker.death_date is not None:
+        return False, worker.last_heartbeat
+    claim = connection.hget(key, liveness.WORKER_HASH_FIELD)
+    session = liveness.judged({name: claim.decode(errors="replace") if claim else None}).get(name)
+    if session is not None:
+        return session, worker.last_heartbeat
+    return True, worker.last_heartbeat
 
 
 def vendor_status(request_id: str, provider) -> tuple[str, str]:
@@ -111,8 +126,7 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         state.status == "running"
         and not (rq_status == "started" and alive)
         and not never_started
-        and not policy.retry_safe
-        and policy.uses_vendor_request_id
+        and policy.in_doubt(askable=True) == ASK
     ):
         # The ledger's calls in doubt, oldest position first; a job from before the ledger has only its request id.
         for call in sorted(state.in_doubt, key=lambda c: c.seq):

@@ -19,6 +19,8 @@ from dispatch_app.runtime.wake import STOP, TICK
 
 
 class RecoveryLoop:
+    error_action = "recovery_error"  # the action of its failed rounds' log line (LoopRunner, runtime.incident)
+
     def __init__(
         self,
         policy,
@@ -40,6 +42,7 @@ class RecoveryLoop:
         # waiter(timeout) -> True when stopped; the default wakes at once on stop.
         self.waiter = waiter or stop.wait
         self.round = Round(policy, redis=redis, provider=provider, signals=signals)
+        self.round.log_failures = False  # its LoopRunner logs a failed round, once per incident
         self.rounds = 0
         self.busy = 0  # ticks skipped because another session ran this domain
         self.last: RoundResult | None = None

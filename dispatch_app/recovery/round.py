@@ -135,6 +135,9 @@ class Round(Actions):
         self.dry_run = dry_run
         self.process = process or process_name()
         self.signals = signals or RoundSignals()
+        # A loop's runner logs the failure of a round once per incident (runtime.incident); ``recover --once`` has
+        # no runner, so by default the round logs its own.
+        self.log_failures = True
 
     @property
     def redis(self):
@@ -167,9 +170,10 @@ class Round(Actions):
             self._run(result)
         except Exception as exc:
             result.error = f"{type(exc).__name__}: {exc}"
-            log.exception(
-                "%s: recovery round failed", self.domain, extra={"action": "recovery_error", "domain": self.domain}
-            )
+            if self.log_failures:
+                log.exception(
+                    "%s: recovery round failed", self.domain, extra={"action": "recovery_error", "domain": self.domain}
+                )
             self._record(result, final=True)
             raise
         finally:

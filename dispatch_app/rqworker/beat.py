@@ -6,6 +6,11 @@ alive on a fixed period with a short TTL, so the hash says "alive" exactly while
 the process is (recovery's evidence: dispatch_app.recovery.evidence.worker_alive),
 and a killed worker is seen dead within a few periods instead of the job
 timeout + 60 s.
+
+Sooner still: the worker holds a PostgreSQL session named for it
+(``dispatch_app.liveness.Beacon``) and writes where it is into its hash
+(``SESSION_FIELD``, at once and with every beat); a kill ends that session at
+once, and recovery and the dashboard read that first.
 """
 
 from __future__ import annotations
@@ -17,7 +22,11 @@ import threading
 import redis
 from rq.utils import now, utcformat
 
+from dispatch_app import liveness
+
 log = logging.getLogger("dispatch_app.rqworker")
+
+SESSION_FIELD = liveness.WORKER_HASH_FIELD
 
 # Periods of silence after which the hash expires (the worker counts as dead).
 TTL_PERIODS = 6
@@ -36,6 +45,7 @@ class Heartbeat(threading.Thread):
         self.ttl = ttl_seconds(interval)
         self.stopping = threading.Event()
         self._failing = False
+        self.beacon: liveness.Beacon | None = None
 
     def run(self) -> None:
         while True:
@@ -80,6 +90,9 @@ class Heartbeat(threading.Thread):
             pipe.hset(worker.key, "last_heartbeat", utcformat(worker.last_heartbeat))
             pipe.expire(worker.key, self.ttl)
             pipe.expire(worker.executions_key, self.ttl)
+            claim = self.beacon.claim if self.beacon is not None and self.beacon.connected.is_set() else None
+            if claim:
+                pipe.hset(worker.key, SESSION_FIELD, claim)  # again each beat: Redis may have lost the hash
             created = pipe.execute()[0]
         if created:
             # The hash was gone (it expired, or Redis lost its data): write it whole again,
@@ -90,3 +103,14 @@ class Heartbeat(threading.Thread):
         self.stopping.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=5)
+
+
+def start_beacon(worker) -> liveness.Beacon:
+    """The worker's liveness session; it writes where it is into the worker hash as soon as it connects."""
+
+    def publish(claim: str) -> None:
+        worker.connection.hset(worker.key, SESSION_FIELD, claim)
+
+    beacon = liveness.Beacon(liveness.tag(liveness.WORKER, worker.name), liveness.django_conninfo, on_connect=publish)
+    beacon.start()
+    return beacon

@@ -1,5 +1,8 @@
 """Per live worker: what it serves, what it is doing, and whether it fails everything it touches.
 
+A worker killed a moment ago keeps its hash until it expires; its PostgreSQL
+session (``dispatch_app.liveness``) is gone at once: ``alive`` is False then.
+
 Read from RQ's worker hashes (every RQ worker has one) plus the fields
 PipelineWorker adds (its recent outcomes, undeserializable jobs). A worker that
 fails every job - e.g. one that cannot read the jobs it is given - shows as
@@ -8,7 +11,7 @@ fails every job - e.g. one that cannot read the jobs it is given - shows as
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 import redis
@@ -17,6 +20,7 @@ from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
 from rq.utils import parse_composite_key, utcparse
 from rq.worker import Worker
 
+from dispatch_app import liveness
 from dispatch_app.rqworker.evidence import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
 
 # This many failed jobs in a row, and none succeeded since, is "fails every job".
@@ -39,6 +43,11 @@ class WorkerHealth:
     failing_every_job: bool
     pid: int | None
     hostname: str | None
+    # Its PostgreSQL session (dispatch_app.liveness): False = gone, so the process is dead though its hash
+    # has not expired yet; None = cannot be seen from here (judged by the heartbeat only).
+    session_alive: bool | None = None
+    # What recovery believes: its session if it can be seen, else its hash (it lives while the worker beats).
+    alive: bool = True
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -85,6 +94,7 @@ def workers(connection: redis.Redis) -> list[WorkerHealth]:
     seconds, micros = replies[0]
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     out = []
+    claims: dict[str, str | None] = {}
     for i, name in enumerate(names):
         data, executions = replies[1 + 2 * i], replies[2 + 2 * i]
         if not data or data.get(b"death"):
@@ -94,6 +104,7 @@ def workers(connection: redis.Redis) -> list[WorkerHealth]:
         current = sorted(parse_composite_key(m.decode())[0] for m in executions)
         successful, failed = _int(data, "successful_job_count"), _int(data, "failed_job_count")
         recent = _text(data, RECENT_FIELD)
+        claims[name] = _text(data, liveness.WORKER_HASH_FIELD) or None
         out.append(
             WorkerHealth(
                 name=name,
@@ -112,7 +123,8 @@ def workers(connection: redis.Redis) -> list[WorkerHealth]:
                 hostname=_text(data, "hostname") or None,
             )
         )
-    return out
+    sessions = liveness.judged(claims)
+    return [replace(w, session_alive=sessions.get(w.name), alive=sessions.get(w.name) is not False) for w in out]
 
 
 def snapshot(connection: redis.Redis | None = None) -> dict:
@@ -148,6 +160,8 @@ def render(snap: dict) -> list[str]:
     for w in snap["workers"]:
         age = "-" if w["heartbeat_age"] is None else f"{w['heartbeat_age']:.0f}s"
         flag = "  FAILING EVERY JOB" if w["failing_every_job"] else ""
+        if not w.get("alive", True):
+            flag += "  DEAD (its PostgreSQL session is gone)"
         lines.append(
             f"  {w['name']}  {w['state']:<9} {','.join(w['queues'])}  heartbeat {age} ago  "
             f"ok {w['successful']} failed {w['failed']}  job {w['current_job'] or '-'}{flag}"

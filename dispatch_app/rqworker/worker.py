@@ -44,7 +44,7 @@ from dispatch_app import lanes
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import queue_names
 from dispatch_app.rqworker import fast_paths, prestart
-from dispatch_app.rqworker.beat import Heartbeat
+from dispatch_app.rqworker.beat import Heartbeat, start_beacon
 from dispatch_app.rqworker.evidence import EvidenceMixin
 from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
 from dispatch_app.rqworker.outage import OutageMixin
@@ -158,6 +158,8 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         self._fetcher = Fetcher(self.connection, self._ordered_queues, self.job_class, self.serializer, self.name)
         self._beat = Heartbeat(self, self.heartbeat_interval)
         self._beat.start()
+        # Its PostgreSQL session says "alive" to recovery and the dashboard; a kill ends it at once (beat.py).
+        self._beat.beacon = start_beacon(self)
 
     def teardown(self):
         if self._beat is not None:
@@ -179,6 +181,8 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             super().teardown()
         except (redis.ConnectionError, redis.TimeoutError):
             self.unsubscribe()  # the hash expires on its own; nothing else to release
+        if self._beat is not None and self._beat.beacon is not None:
+            self._beat.beacon.stop()  # last: the hash says "died" (or is gone) before the session does
 
     # --- signals ---------------------------------------------------------------------
     def request_stop(self, signum, frame):

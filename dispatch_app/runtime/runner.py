@@ -3,7 +3,8 @@
 Every loop of the dispatcher has the same shape: a stop signal it checks, a
 ``wait()`` that returns why it woke, a ``run_once(reason)`` that tests and
 one-shot commands call directly, and errors logged with a stable action name
-and the loop's domain, followed by a bounded backoff instead of a dead thread.
+and the loop's domain (once per incident, ``runtime.incident``), followed by a
+bounded backoff instead of a dead thread.
 A loop whose steps are asked for by wakes (``retry_failed_step``, the dispatch
 loop) has its failed step run again after the backoff: the wake was spent on
 it. Periodic loops (recovery, heartbeat) wait for their next period as before.
@@ -19,6 +20,8 @@ from typing import Protocol
 from django.db import close_old_connections, connections
 
 from dispatch_app.dbcheck import ConnectionCheck
+from dispatch_app.runtime import incident
+from dispatch_app.runtime.incident import Incidents
 
 log = logging.getLogger("dispatch_app.runtime")
 
@@ -42,6 +45,7 @@ class LoopRunner:
         on_success: Callable[[str, object], None] | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
         db_check: ConnectionCheck | None = None,
+        incidents: Incidents | None = None,
     ):
         self.loop = loop
         self.stop = stop
@@ -54,6 +58,7 @@ class LoopRunner:
         # None: the connection is health-checked before every step (a SELECT 1 each time); the dispatch
         # loop's steps are one per drain, so it checks only after an error or an idle spell (dbcheck).
         self.db_check = db_check
+        self.incidents = incidents if incidents is not None else incident.PROCESS
         self.thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)
         self.errors = 0
         self.rounds = 0
@@ -84,11 +89,15 @@ class LoopRunner:
                     result = self.loop.run_once(trigger)
                 except Exception as exc:
                     self.errors += 1
-                    log.exception(
+                    # The first of a kind with its traceback, then a summary now and then (runtime.incident).
+                    self.incidents.failed(
+                        self.name,
+                        self.domain,
+                        exc,
                         "%s loop failed; retrying in %.1fs",
                         self.name,
                         backoff,
-                        extra={"action": f"{self.name}_error", "domain": self.domain},
+                        action=getattr(self.loop, "error_action", ""),
                     )
                     if self.on_error:
                         self.on_error(self.name, exc)
@@ -100,10 +109,12 @@ class LoopRunner:
                         retry = trigger
                     continue
                 backoff = self.error_backoff
+                self.incidents.succeeded(self.name)
                 self.rounds += 1
                 if self.on_success:
                     self.on_success(self.name, result)
         finally:
+            self.incidents.forget(self.name)
             # Each thread owns its connections; leaving one open keeps the
             # server session (and the test database) alive.
             connections.close_all()

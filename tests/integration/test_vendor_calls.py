@@ -216,6 +216,46 @@ def test_a_call_that_times_out_is_in_doubt_never_retried(make_provider):
     assert "cannot be asked" in Job.objects.get(pk=agent.pk).error
 
 
+def _workflow_died_inside_step_two(job):
+    """Attempt 1 ran step 0 and died inside step 1 (recorded, never settled); the job moved on to attempt 2."""
+    from django.db import transaction
+
+    from dispatch_app.transitions import redispatch
+
+    dispatch_now()
+    job.refresh_from_db()
+    start_like_a_worker(job)
+    first = vendor_calls.record(job.pk, 1, 0, "step 0: fetch", "local-first")
+    vendor_calls.settle(first, "succeeded", result={"step": "fetch", "ok": True})
+    vendor_calls.record(job.pk, 1, 1, "step 1: render", "local-second")
+    with transaction.atomic():
+        assert redispatch(job.pk, 1, kind="recovery_redispatch", reason="test", allowed_statuses=("running",))
+    job.refresh_from_db()
+
+
+def test_a_retry_safe_domain_makes_a_call_left_in_doubt_again(make_provider):
+    provider = make_provider()
+    job = submit("workflow", {"workflow_id": "w", "steps": ["fetch", "render"]})
+    _workflow_died_inside_step_two(job)
+
+    assert run(job) == {"succeeded": True}
+    assert statuses([job]) == {job.pk: ("succeeded", 2)}
+    assert [op for op, _ in provider.calls] == ["run_step"]  # step 0 took effect: skipped; step 1 made again
+    assert ledger(job) == [(0, 1, "succeeded"), (1, 1, "unknown"), (1, 2, "succeeded")]
+    assert "made again (retry-safe)" in VendorCall.objects.get(job=job, seq=1, attempt=1).error
+
+
+def test_a_call_that_times_out_in_a_retry_safe_domain_is_retried_through_the_outbox(make_provider):
+    make_provider(latency_ms=400, timeout=0.05)
+    job = submit("workflow", {"workflow_id": "w", "steps": ["fetch"]})
+
+    assert run(job) == {"retrying": True}
+    assert statuses([job]) == {job.pk: ("submitted", 2)}
+    assert ledger(job) == [(0, 1, "unknown")]
+    event = JobEvent.objects.get(job=job, kind="retry_after_failure")
+    assert "gave no answer" in event.reason and "re-running is safe" in event.reason
+
+
 def test_an_attempt_moved_on_makes_no_more_calls(make_provider):
     job = submit("image_series", {"product_id": "p", "prompt": "shoe", "count": 1, "size": 8})  # not running
     with pytest.raises(vendor_calls.AttemptSuperseded):

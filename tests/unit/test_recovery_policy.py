@@ -86,3 +86,22 @@ def test_every_key_maps_to_a_policy_field():
     policy = resolve("delivery")
     for spec in KEYS.values():
         assert hasattr(policy, spec.field)
+
+
+@pytest.mark.parametrize(
+    ("domain", "askable", "expected"),
+    [
+        ("workflow", False, "rerun"),  # retry-safe: the call is made again, asked or not
+        ("delivery", True, "rerun"),
+        ("image_series", True, "ask"),  # not retry-safe, a vendor that keeps request records
+        ("image_series", False, "outcome_unknown"),  # ... but this call left nothing to ask about
+        ("agent", True, "outcome_unknown"),  # not retry-safe, a vendor that cannot be asked
+    ],
+)
+def test_one_place_decides_what_a_call_left_in_doubt_becomes(domain, askable, expected):
+    assert resolve(domain).in_doubt(askable=askable) == expected
+
+
+def test_a_settings_override_changes_what_a_call_in_doubt_becomes():
+    assert resolve("agent", {"agent": {"RETRY_SAFE": True}}).in_doubt(askable=False) == "rerun"
+    assert resolve("workflow", {"workflow": {"RETRY_SAFE": False}}).in_doubt(askable=False) == "outcome_unknown"

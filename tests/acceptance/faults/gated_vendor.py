@@ -7,6 +7,8 @@ and know it is there:
 
 PF_GATE_VENDOR=1        each image/edit call, once its request is recorded "pending" at the vendor, writes
                         ``vendor-entered`` and waits for ``vendor-release`` (at most 60 s)
+PF_GATE_STEPS=1         each workflow/agent step (run_step, no vendor record) writes ``vendor-entered`` (its
+                        request id) and waits for ``vendor-release`` (at most 60 s)
 PF_GATE_STATUS=<s>      each status call writes ``status-entered`` and takes ``<s>`` seconds, or less if the
                         test creates ``status-release``, to return the vendor's answer as of the question
                         (a slow vendor status endpoint)
@@ -44,6 +46,15 @@ def install() -> None:
             return real_call(self, op, request_id, record)
 
         LocalProvider._call = gated_call
+    if os.environ.get("PF_GATE_STEPS"):
+        real_step = LocalProvider.run_step
+
+        def gated_step(self, name, context, request_id=None):
+            (gates / "vendor-entered").write_text(request_id or "-")
+            _wait_for(gates / "vendor-release", 60)
+            return real_step(self, name, context, request_id)
+
+        LocalProvider.run_step = gated_step
     status_seconds = float(os.environ.get("PF_GATE_STATUS") or 0)
     if status_seconds:
         real_status = LocalProvider.request_status

@@ -1,4 +1,4 @@
-"""Scenario 45: a recovery storm through scenario 40's chaos (issue 30, item 4).
+"""Scenario 46: a recovery storm through scenario 40's chaos (issue 30, item 4).
 
 Before anything starts, STALE_PER_DOMAIN jobs per domain sit ``queued`` an hour
 ago with their RQ jobs gone (what a long Redis outage leaves). Then scenario
@@ -141,7 +141,7 @@ def test_a_recovery_storm_through_chaos_loses_nothing_and_uses_the_recovery_lane
     )
     assert new_in_recovery_lane == 0
     record_figures(
-        "45_recovery_storm_chaos",
+        "46_recovery_storm_chaos",
         **report.figures(),
         seed=SEED + 2,
         stale_jobs=len(stale),

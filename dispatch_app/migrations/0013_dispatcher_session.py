@@ -1,0 +1,17 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    """DispatcherProcess.session: the application_name of the process's liveness session (dispatch_app.liveness)."""
+
+    dependencies = [
+        ("dispatch_app", "0012_operator_audit"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="dispatcherprocess",
+            name="session",
+            field=models.CharField(blank=True, db_default="", default="", max_length=100),
+        ),
+    ]
