@@ -185,8 +185,9 @@ def test_redispatch_many_moves_each_job_by_its_own_compare_and_set():
     assert moved == {jobs[0].pk: 2, jobs[3].pk: 2}
     assert [status(j) for j in jobs] == [("submitted", 2), ("succeeded", 1), ("queued", 1), ("submitted", 2)]
     pending = DispatchEnvelope.objects.filter(attempt=2, status="pending")
+    # Recovery's re-dispatches go to the domain's recovery lane (dispatch_app.lanes).
     assert sorted(pending.values_list("job_id", "queue")) == sorted(
-        [(jobs[0].pk, "delivery"), (jobs[3].pk, "delivery")]
+        [(jobs[0].pk, "delivery.recovery"), (jobs[3].pk, "delivery.recovery")]
     )
     events = {e.job_id: e for e in JobEvent.objects.filter(kind="recovery_redispatch")}
     assert set(events) == {jobs[0].pk, jobs[3].pk}
