@@ -30,6 +30,8 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
+from dispatch_app.rqworker import admission
+
 TAKEN_BY = "pf_taken_by"
 
 # KEYS: the suspension flag, then (queue, intermediate) pairs in priority order.
@@ -163,6 +165,7 @@ class Taken:
     job: Job
     queue: Queue
     execution: Execution | None = None  # its start is already written (``Start``)
+    unreadable: str | None = None  # why its hash could not be read (``admission`` refuses it)
 
 
 class Suspended(Exception):
@@ -262,8 +265,9 @@ class Fetcher:
         for pair, job_id, flat, *started in reply[1:]:
             queue = self.queues[(pair - 2) // 2]
             job = self.job_class(job_id.decode(), connection=self.connection, serializer=self.serializer)
-            job.restore(dict(zip(flat[::2], flat[1::2], strict=True)))
-            taken.append(Taken(job, queue, self._started(job, start) if started else None))
+            # Any hash, bounded and without raising: a forged one is refused by the worker, not a crash here.
+            unreadable = admission.restore(job, dict(zip(flat[::2], flat[1::2], strict=True)))
+            taken.append(Taken(job, queue, self._started(job, start) if started else None, unreadable))
         return taken
 
     @staticmethod
