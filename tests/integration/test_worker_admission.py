@@ -150,3 +150,15 @@ def test_the_dashboard_shows_a_red_banner_naming_the_last_refused_function(redis
     [banner] = [b for b in board.banners(data) if b["key"] == "refused-jobs"]
     assert banner["level"] == "error"
     assert banner["text"] == "1 jobs refused: not the project's work, last: os.system"
+
+
+def test_the_refusals_are_a_metric_by_kind(redis_conn, canary):
+    from dispatch_app.ops.metrics import RefusedJobsCollector
+
+    forge(redis_conn, "delivery", "os.system", "true")
+    forge(redis_conn, "delivery", "dispatch_app.run.delivery", 1, 1, job_id="pf-1-2")
+    run_worker(redis_conn, "delivery")
+    [family] = RefusedJobsCollector().collect()
+    counts = {s.labels["kind"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert counts[admission.NOT_AN_ENTRY_POINT] == 1 and counts[admission.BAD_ID] == 1
+    assert sum(counts.values()) == 2
