@@ -9,13 +9,13 @@ from datetime import timedelta
 import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.tasks.compat import InvalidTask
 from dispatch_app.tasks.run import entry
-from tests.integration.test_submit_property import JUNK, TEXT
+from tests.integration.test_submit_property import JUNK, PLAIN, SHALLOW, TEXT
 from tests.tasks import sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,12 +59,16 @@ def test_a_run_after_out_of_range_is_refused():
     assert counts() == (0, 0)
 
 
-@given(args=st.lists(st.one_of(JUNK, TEXT), max_size=3), kwargs=st.dictionaries(TEXT, JUNK, max_size=3))
+@given(
+    args=st.lists(st.one_of(JUNK, TEXT, PLAIN, SHALLOW), max_size=3),
+    kwargs=st.dictionaries(st.one_of(TEXT, PLAIN), st.one_of(JUNK, SHALLOW), max_size=3),
+)
 def test_junk_arguments_are_refused_whole_or_run_without_a_crash(args, kwargs):
     before = counts()
     try:
         result = sample.echo.enqueue(*args, **kwargs)
     except ValidationError as exc:
+        event(f"refused: {getattr(exc, 'code', None)}")
         assert isinstance(exc, InvalidTask) and exc.messages
         assert counts() == before
         return
@@ -74,5 +78,6 @@ def test_junk_arguments_are_refused_whole_or_run_without_a_crash(args, kwargs):
         assert counts() == before
         return
     assert counts() == (before[0] + 1, before[1] + 1)
+    event("written, then run")
     outcome = entry.default(int(result.id), 1)
     assert "succeeded" in outcome, outcome
