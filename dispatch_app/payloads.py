@@ -57,7 +57,7 @@ def check(value: Any, where: str = "payload", *, max_depth: int = PAYLOAD_MAX_DE
             continue
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise ValidationError(f"{path}: {item} is not a JSON number", code="not_json")
+                raise ValidationError(f"{path}: {item} is not JSON-serialisable (not a finite number)", code="not_json")
         elif isinstance(item, dict):
             if depth >= max_depth:
                 raise ValidationError(f"{path}: nested deeper than {max_depth} levels", code="too_deep")
@@ -74,7 +74,7 @@ def check(value: Any, where: str = "payload", *, max_depth: int = PAYLOAD_MAX_DE
                 raise ValidationError(f"{path}: nested deeper than {max_depth} levels", code="too_deep")
             stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
         else:
-            raise ValidationError(f"{path}: a {type(item).__name__} is not JSON", code="not_json")
+            raise ValidationError(f"{path}: a {type(item).__name__} is not JSON-serialisable", code="not_json")
 
 
 def check_depth(value: Any, where: str, *, max_depth: int = PAYLOAD_MAX_DEPTH, max_items: int = 0) -> None:

@@ -186,6 +186,7 @@ def refuse(worker, taken, verdict: Verdict) -> None:
         log.info(message, *args, extra=extra)
     if verdict.kind == UNREADABLE:
         worker._note_unreadable(job.id, verdict.reason)
+        worker.failed_job_count += 1
     worker._flush_pending()  # the previous job's end first, as every write of this worker
     # The registries this worker wrote (the take's start) are the queue's, whatever origin the hash names.
     job.origin = queue.name
@@ -206,6 +207,10 @@ def refuse(worker, taken, verdict: Verdict) -> None:
         )
         pipe.expire(job.key, REFUSED_TTL)
         pipe.zadd(queue.failed_job_registry.key, {job.id: at.timestamp() + REFUSED_TTL})
+        if verdict.kind == UNREADABLE:
+            # As before admission: a worker fed jobs it cannot read shows as failing them (the health view's
+            # "misconfigured worker: serializer?"). Other refusals are someone else's writes, not this worker's.
+            worker.increment_failed_job_count(pipe)
         _count(pipe, verdict, at)
         worker._write_fields(pipe)
         pipe.execute()

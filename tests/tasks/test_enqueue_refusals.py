@@ -40,7 +40,7 @@ def nested(depth: int):
         ((), {"x": {1: 2}}, "payload.kwargs.x: key '1' is a int, not a string"),
         ((), {"x": {"\x00": 2}}, "contains a NUL character"),
         ((nested(5000),), {}, "args: nested deeper than"),
-        ((float("nan"),), {}, "nan is not a JSON number"),
+        ((float("nan"),), {}, "nan is not JSON-serialisable"),
         ((object(),), {}, "arguments are not JSON"),
     ],
     ids=["nul", "surrogate", "int-key", "nul-key", "deep", "nan", "object"],
