@@ -4,6 +4,7 @@ passes ``check --deploy``. Settings are read in child processes (they are read o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -131,16 +132,16 @@ def test_the_compose_configuration_passes_check_deploy():
     result = run(env, MANAGE, "check", "--deploy", "--fail-level", "WARNING")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+    # Every queue's connection (the dispatcher's sends, the workers, the dashboard read them all from RQ_QUEUES)
+    # carries its server's password, a per-domain server's (REDIS_URL_<QUEUE>) its own.
+    env["REDIS_URL_DELIVERY"] = "redis://:delivery-" + env["REDIS_PASSWORD"] + "@redis-delivery:6379/0"
     code = (
-        "import django; django.setup(); from django.conf import settings; from dispatch_app.domains import "
-        "queue_names; from dispatch_app import redis_servers; "
-        "print(all(redis_servers.queue_connection(q).connection_pool.connection_kwargs.get('password') "
-        "== settings.REDIS_PASSWORD_CHECK for q in queue_names()))"
+        "import django, json; django.setup(); from dispatch_app.domains import queue_names; "
+        "from dispatch_app import redis_servers; print(json.dumps({q: redis_servers.queue_connection(q)"
+        ".connection_pool.connection_kwargs.get('password') for q in queue_names()}))"
     )
-    password = env["REDIS_PASSWORD"]
-    checked = run(
-        {**env, "REDIS_PASSWORD_CHECK": password},
-        "-c",
-        code.replace("settings.REDIS_PASSWORD_CHECK", "__import__('os').environ['REDIS_PASSWORD_CHECK']"),
-    )
-    assert checked.stdout.strip().splitlines()[-1] == "True", checked.stderr
+    checked = run(env, "-c", code)
+    assert checked.returncode == 0, checked.stderr
+    passwords = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert passwords.pop("delivery") == "delivery-" + env["REDIS_PASSWORD"]
+    assert passwords and set(passwords.values()) == {env["REDIS_PASSWORD"]}, passwords
