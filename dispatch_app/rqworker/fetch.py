@@ -23,7 +23,6 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
@@ -303,11 +302,11 @@ class Fetcher:
         if verdict != "started":
             return verdict, None
         job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-        try:
-            job.refresh()
-        except NoSuchJobError:  # gone since (expired, deleted): nothing to run
+        raw = self.connection.hgetall(job.key)
+        if not raw:  # gone since (expired, deleted): nothing to run
             return "gone", None
-        return verdict, Taken(job, queue, self._started(job, start))
+        unreadable = admission.restore(job, raw)  # as a take reads it: a forged hash is refused, not a crash
+        return verdict, Taken(job, queue, self._started(job, start), unreadable)
 
     def rescue(self) -> int:
         """Jobs taken by dead workers and never started go back to the head of their queues."""
