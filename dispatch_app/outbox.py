@@ -17,6 +17,7 @@ database error there aborts the caller's transaction, as any failed statement do
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,8 +28,9 @@ from django.core.exceptions import ValidationError
 from django.core.signals import setting_changed
 from django.db import connection
 from django.db.models import NOT_PROVIDED
+from django.utils import timezone
 
-from dispatch_app import prepared, tracing
+from dispatch_app import payloads, prepared, tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
 from dispatch_app.models import DispatchEnvelope, Job, JobStatus
@@ -42,12 +44,61 @@ class JobSpec:
     available_at: datetime | timedelta | None = None
 
 
+# How far from now ``available_at`` may be, either way (a datetime, or a timedelta on the database clock).
+# Farther is a mistake (``timedelta.max`` overflowed the database's interval: a DataError); README documents it.
+AVAILABLE_AT_MAX_SECONDS = 366 * 86_400
+
+
+def _check_available_at(available_at: Any, where: str) -> None:
+    if available_at is None:
+        return
+    if not isinstance(available_at, (datetime, timedelta)):
+        raise ValidationError(
+            f"{where}available_at must be a datetime or a timedelta, got {type(available_at).__name__}",
+            code="invalid_available_at",
+        )
+    if isinstance(available_at, datetime) and available_at.tzinfo is None:
+        raise ValidationError(f"{where}available_at must be timezone-aware", code="invalid_available_at")
+    try:
+        ahead = available_at if isinstance(available_at, timedelta) else available_at - timezone.now()
+        far = abs(ahead.total_seconds()) > AVAILABLE_AT_MAX_SECONDS
+    except OverflowError:
+        far = True
+    if far:
+        raise ValidationError(
+            f"{where}available_at must be within {AVAILABLE_AT_MAX_SECONDS // 86_400} days of now, got {available_at}",
+            code="invalid_available_at",
+        )
+
+
+def _spec(spec: Any, where: str) -> JobSpec:
+    """A JobSpec, or a (domain, payload[, available_at]) tuple or list made one; anything else is refused."""
+    if isinstance(spec, JobSpec):
+        return spec
+    if isinstance(spec, (tuple, list)) and 2 <= len(spec) <= 3:
+        return JobSpec(*spec)
+    raise ValidationError(
+        f"{where}a job spec is a JobSpec or a (domain, payload[, available_at]) tuple, got {type(spec).__name__}"
+        + (f" of {len(spec)}" if isinstance(spec, (tuple, list)) else ""),
+        code="malformed_spec",
+    )
+
+
 def _validated(domain_key: Any, payload: Any, available_at: Any, max_bytes: int, where: str = "") -> str:
     """The payload's JSON text, or a ValidationError naming what is wrong."""
+    if not isinstance(domain_key, str):
+        # reprlib: a bounded repr (a deeply nested value's own repr recurses until it fails).
+        raise ValidationError(
+            f"{where}unknown domain {reprlib.repr(domain_key)}: not a string ({type(domain_key).__name__})",
+            code="unknown_domain",
+        )
     try:
         domain = get_domain(domain_key)
     except UnknownDomain as exc:
         raise ValidationError(f"{where}{exc}", code="unknown_domain") from None
+    # Before encoding: what jsonb would refuse (a DataError that aborts the caller's transaction), and nesting
+    # the encoder would recurse into. Values are bounded by the size limit (each is at least a byte).
+    payloads.check(payload, f"{where}payload", max_items=max_bytes)
     try:
         encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -65,12 +116,7 @@ def _validated(domain_key: Any, payload: Any, available_at: Any, max_bytes: int,
         domain.validate(payload)
     except PayloadError as exc:
         raise ValidationError(f"{where}{exc}", code="invalid_payload") from None
-    if available_at is not None and not isinstance(available_at, (datetime, timedelta)):
-        raise ValidationError(
-            f"{where}available_at must be a datetime or a timedelta, got {type(available_at).__name__}"
-        )
-    if isinstance(available_at, datetime) and available_at.tzinfo is None:
-        raise ValidationError(f"{where}available_at must be timezone-aware")
+    _check_available_at(available_at, where)
     return encoded
 
 
@@ -153,8 +199,13 @@ def submit(domain: str, payload: dict, *, available_at: datetime | timedelta | N
 def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
     """The bulk variant: every spec is validated before anything is written."""
     max_bytes = _payload_max_bytes()
-    specs = [s if isinstance(s, JobSpec) else JobSpec(*s) for s in specs]
+    if isinstance(specs, (str, bytes, dict, JobSpec)) or not isinstance(specs, Iterable):
+        raise ValidationError(
+            f"submit_many takes a list of job specs, got {type(specs).__name__}", code="malformed_spec"
+        )
+    specs = list(specs)
     many = len(specs) > 1
+    specs = [_spec(s, f"jobs[{i}]: " if many else "") for i, s in enumerate(specs)]
     encoded = [
         _validated(s.domain, s.payload, s.available_at, max_bytes, f"jobs[{i}]: " if many else "")
         for i, s in enumerate(specs)

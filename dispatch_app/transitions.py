@@ -69,13 +69,45 @@ DEAD_LETTER_CTE = f"""UPDATE {JOB} j
 # submitted | queued -> running. ``submitted`` too: a worker can pick the job up before the dispatcher's
 # mark commits. The worker names itself for the attempt history's trigger (history_triggers.WORKER_SETTING)
 # in the same statement: set_config(..., true) lasts for this statement's implicit transaction only.
+#
+# The last gate (issue 26): whatever Redis handed the worker, the attempt starts only if it is the domain's
+# whose entry point runs it (%s: the keys; NULL for any, tools and tests only), its domain is not paused,
+# and the dispatcher sent it or may be sending it right now: the envelope of this attempt is
+#   - dispatched (sent and marked), or
+#   - pending and leased (a dispatcher claimed it while it was due, and is sending it), or
+#   - pending and claimed before (send_attempts > 0: a send whose reply was lost may have reached RQ), or
+#   - pending and due now (available_at <= the database clock): sent ahead of its claim. A writer's NOTIFY
+#     names an envelope only when it is due and its domain not paused (models._NOTIFY_INSERTED), and an idle
+#     dispatcher sends it before claiming it (dispatch.loop._send_announced), so it is still pending, never
+#     leased, when its job starts (DESIGN.md, "A sent-ahead envelope is still pending"). Accepting it admits
+#     nothing the dispatcher would not send at its next claim anyway.
+# So a job scheduled for later, one whose envelope is dead or missing, or one of a paused domain does not
+# start, whoever names it. A refused start changes nothing (no row); the worker asks why (START_REFUSAL_SQL).
 START_SQL = f"""
-UPDATE {JOB}
+UPDATE {JOB} j
 SET status = 'running', started_at = clock_timestamp(),
-    dispatched_at = COALESCE(dispatched_at, clock_timestamp())
+    dispatched_at = COALESCE(j.dispatched_at, clock_timestamp())
 FROM (SELECT set_config('productflow.worker', %s, true)) AS w
-WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued')
-RETURNING payload, trace_context, started_at
+WHERE j.id = %s AND j.attempt = %s AND j.status IN ('submitted', 'queued')
+  AND j.domain = ANY(COALESCE(%s::text[], ARRAY[j.domain]))
+  AND j.domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
+  AND EXISTS (
+      SELECT 1 FROM dispatch_app_dispatchenvelope e
+      WHERE e.job_id = j.id AND e.attempt = j.attempt
+        AND (e.status = 'dispatched'
+             OR (e.status = 'pending'
+                 AND (e.lease_token IS NOT NULL OR e.send_attempts > 0 OR e.available_at <= clock_timestamp()))))
+RETURNING j.payload, j.trace_context, j.started_at, j.domain
+"""
+
+# Why START_SQL started nothing, read after the fact for the refusal's event (never on a start's path).
+START_REFUSAL_SQL = f"""
+SELECT j.status, j.attempt, j.domain, p.domain IS NOT NULL, e.status, e.lease_token IS NOT NULL,
+       e.send_attempts, e.available_at, e.available_at <= clock_timestamp()
+FROM {JOB} j
+LEFT JOIN dispatch_app_dispatchenvelope e ON e.job_id = j.id AND e.attempt = %s
+LEFT JOIN dispatch_app_domainpause p ON p.domain = j.domain
+WHERE j.id = %s
 """
 
 # A start this worker made moments ago, found on a retry: the first try's commit may have been lost with its
@@ -156,13 +188,41 @@ REARM_CTE = f"""UPDATE {JOB} j SET status = 'submitted', finished_at = NULL, err
     RETURNING j.id"""
 
 
-def start(cursor, worker: str, job_id: int, attempt: int) -> tuple | None:
-    """submitted/queued -> running: (payload, trace_context, started_at), or None if not startable.
+def start(cursor, worker: str, job_id: int, attempt: int, domains=None) -> tuple | None:
+    """submitted/queued -> running: (payload, trace_context, started_at, domain), or None if not startable.
 
+    ``domains``: the keys the job may be in (the entry point's; a worker always says); None: any.
     jsonb comes back as the driver returns it on a raw cursor (maybe undecoded text).
     """
-    cursor.execute(START_SQL, [worker, job_id, attempt])
+    cursor.execute(START_SQL, [worker, job_id, attempt, None if domains is None else list(domains)])
     return cursor.fetchone()
+
+
+# A refused start's JobEvent kind: not startable by its status (the usual duplicate), or stopped by the gate.
+DUPLICATE, REFUSED = "duplicate_delivery", "start_refused"
+
+
+def start_refusal(cursor, job_id: int, attempt: int, domains=None) -> tuple[str, str] | None:
+    """(event kind, reason) for a start START_SQL refused; None if there is no such job (nothing to record)."""
+    cursor.execute(START_REFUSAL_SQL, [attempt, job_id])
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    status, current, domain, paused, envelope, leased, sends, available_at, due = row
+    if status not in ("submitted", "queued") or current != attempt:
+        return DUPLICATE, "attempt not startable (already started, finished or superseded)"
+    if domains is not None and domain not in domains:
+        return REFUSED, f"the job is in domain {domain!r}, not {', '.join(map(repr, domains))}: wrong entry point"
+    if paused:
+        return REFUSED, f"domain {domain!r} is paused"
+    if envelope is None:
+        return REFUSED, f"attempt {attempt} has no envelope: the dispatcher never sent it"
+    if envelope == "dead":
+        return REFUSED, f"attempt {attempt}'s envelope is dead: the dispatcher never sent it"
+    if envelope == "pending" and not (leased or sends or due):
+        return REFUSED, f"not due: attempt {attempt} is scheduled for {available_at.isoformat()} (never sent)"
+    # Startable now: it moved between the two statements (a claim, a resume); the next delivery starts it.
+    return DUPLICATE, "attempt not startable when its start ran (it changed since)"
 
 
 def start_made_by(cursor, worker: str, job_id: int, attempt: int, within: float) -> tuple | None:

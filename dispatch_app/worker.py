@@ -24,7 +24,7 @@ from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
 from dispatch_app.rqworker import prestart
-from dispatch_app.transitions import finish, redispatch, start, start_made_by
+from dispatch_app.transitions import DUPLICATE, finish, redispatch, start, start_made_by, start_refusal
 
 log = logging.getLogger("dispatch_app.worker")
 
@@ -99,7 +99,7 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     )
 
 
-def _start(job_id: int, attempt: int):
+def _start(job_id: int, attempt: int, domain_key: str | None = None):
     """The start compare-and-set: one autocommit statement, durable before any side effect, without BEGIN/COMMIT.
 
     A job taken while PostgreSQL is away is started once it is back (dbretry), not failed in RQ and left to
@@ -108,7 +108,7 @@ def _start(job_id: int, attempt: int):
     worker = _worker_name()
 
     def run(cursor, retry: bool):
-        row = start(cursor, worker, job_id, attempt)
+        row = start(cursor, worker, job_id, attempt, None if domain_key is None else [domain_key])
         if row is None and retry:
             # A start older than the retries can be is not this call's.
             within = dispatch_settings().WORKER_DB_OUTAGE_WAIT + 60
@@ -167,21 +167,9 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
     # The project's worker may have made the start already, while Redis handed it the job (prestart).
     row = prestart.claim(job_id, attempt)
     if row is None:
-        row = _start(job_id, attempt)
+        row = _start(job_id, attempt, domain_key)
     if row is None:
-        JobEvent.objects.create(
-            job_id=job_id,
-            attempt=attempt,
-            kind="duplicate_delivery",
-            reason="attempt not startable (already started, finished or superseded)",
-        )
-        log.info(
-            "job %s attempt %s: duplicate delivery ignored",
-            job_id,
-            attempt,
-            extra={"action": "duplicate_delivery", "domain": domain_key},
-        )
-        return {"duplicate": True}
+        return _not_started(domain_key, job_id, attempt)
     tracing.job_started(domain_key, job_id, attempt, row[1], row[2])  # the run span, if the submit was traced
     # Django leaves jsonb undecoded on raw cursors.
     payload = json.loads(row[0]) if isinstance(row[0], str) else row[0]
@@ -240,6 +228,38 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
             data=result,
         )
     return {"succeeded": True}
+
+
+def _not_started(domain_key: str, job_id: int, attempt: int) -> dict:
+    """The start refused: a duplicate delivery (the usual case), or the start's gate (transitions.START_SQL)."""
+    with connection.cursor() as cursor:
+        refusal = start_refusal(cursor, job_id, attempt, [domain_key])
+    if refusal is None:  # no such job: an RQ job for an id PostgreSQL never gave out
+        log.warning(
+            "job %s attempt %s: no such job; nothing started",
+            job_id,
+            attempt,
+            extra={"action": "start_no_such_job", "domain": domain_key},
+        )
+        return {"refused": "no such job"}
+    kind, reason = refusal
+    JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, reason=reason)
+    if kind == DUPLICATE:
+        log.info(
+            "job %s attempt %s: duplicate delivery ignored",
+            job_id,
+            attempt,
+            extra={"action": "duplicate_delivery", "domain": domain_key},
+        )
+        return {"duplicate": True}
+    log.warning(
+        "job %s attempt %s: start refused: %s",
+        job_id,
+        attempt,
+        reason,
+        extra={"action": "start_refused", "domain": domain_key},
+    )
+    return {"duplicate": True, "refused": reason}
 
 
 def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: str | None = None) -> dict:

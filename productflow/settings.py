@@ -32,7 +32,12 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
-PRODUCTION = os.environ.get("PRODUCTFLOW_ENV", "development") == "production"
+# Exactly one of these (README "Settings"): "Production" or "prod" silently ran in development mode before.
+ENVIRONMENTS = ("development", "production")
+_ENV = os.environ.get("PRODUCTFLOW_ENV", "") or "development"
+if _ENV not in ENVIRONMENTS:
+    raise ImproperlyConfigured(f"PRODUCTFLOW_ENV={_ENV!r} is not one of {', '.join(ENVIRONMENTS)}")
+PRODUCTION = _ENV == "production"
 DEBUG = _env_bool("DEBUG", not PRODUCTION)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if PRODUCTION:
@@ -234,7 +239,22 @@ if PRODUCTION:
     SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+
+def _proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """``SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto: https"``: trusted only when set (by whoever runs the TLS
+    proxy in front, which must overwrite that header): else a client could say "https" and skip the redirect."""
+    if not raw.strip():
+        return None
+    name, sep, value = raw.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER={raw!r} is not 'Header-Name: value'")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), value.strip()
+
+
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEADER", ""))
+# Error pages and e-mails mask URL passwords (DATABASE_URL, REDIS_URL, RQ_QUEUES[...]['URL'], locals, META).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "productflow.reporting.CredentialsFilter"
 
 LOGGING = {
     "version": 1,

@@ -6,8 +6,16 @@ import os
 
 import pytest
 from django.conf import settings
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from tests.helpers import database_url_for_subprocess
+
+# Property tests (issue 26): moderate in CI; HYPOTHESIS_PROFILE=thorough for the 10k-example run.
+_PROPERTY = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
+hypothesis_settings.register_profile("ci", max_examples=150, **_PROPERTY)
+hypothesis_settings.register_profile("thorough", max_examples=10_000, **_PROPERTY)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

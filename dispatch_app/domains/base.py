@@ -118,6 +118,10 @@ class Domain:
     task_path: str = ""
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     description: str = ""
+    # A check beyond the schema, ``payload_check(domain, payload)`` raising PayloadError: run by ``validate`` at
+    # submit and again in the worker (e.g. a task job's path must name a Task on its queue). Not compared: a
+    # declaration is the same whatever function object checks it.
+    payload_check: Callable[[Any, dict], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         # The shipped entry point runs the domain its path names, so it always names this one (also after
@@ -142,4 +146,6 @@ class Domain:
                     raise PayloadError(f"{where}: required field is missing")
                 continue
             spec.check(where, payload[name])
+        if self.payload_check is not None:
+            self.payload_check(self, payload)
         return payload

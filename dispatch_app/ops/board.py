@@ -10,6 +10,7 @@ from __future__ import annotations
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
 from dispatch_app.ops import actions, alarms, blockers, rqside, stats
+from dispatch_app.rqworker import admission
 
 ATTEMPT = "dispatch_app_jobattempt"
 JOB = "dispatch_app_job"
@@ -202,6 +203,10 @@ def banners(data: dict) -> list[dict]:
                 + (f": {w['last_error']}" if w.get("last_error") else "")
                 + ".",
             )
+    refused = data.get("refused") or {}
+    if refused.get("count"):  # forged or foreign jobs the workers would not run (rqworker.admission)
+        last = refused["last_func"] or refused["last_kind"]
+        add("error", "refused-jobs", f"{refused['count']} jobs refused: not the project's work, last: {last}")
     for domain, p in data["paused"].items():
         add(
             "warning",
@@ -266,5 +271,6 @@ def build(*, redis_conn=None) -> dict:
     snap["failure_alarms"] = failure_alarms
     snap["running_workers"] = running
     snap["prefetched_by_dead"] = blockers.prefetched_by_dead(snap["domains"], rq)
+    snap["refused"] = admission.totals(redis_conn)
     snap["banners"] = banners(snap)
     return snap

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import stats
+from dispatch_app.rqworker import admission
 
 log = logging.getLogger("dispatch_app.ops.metrics")
 
@@ -96,6 +97,7 @@ class DispatchMetrics:
             r.register(self.collector)
             self.operator_collector = OperatorCollector()
             r.register(self.operator_collector)
+            r.register(RefusedJobsCollector())
 
     def declare_loops(self, names) -> None:
         """Exported at 0 from the start, so a rate() over the first error is not lost."""
@@ -218,6 +220,22 @@ class DatabaseCollector:
         )
         usage.add_metric([], queue_usage)
         return [pending_age, candidate_age, backlog, outbox, decisions, usage]
+
+
+class RefusedJobsCollector:
+    """Jobs the workers refused to run (rqworker.admission), read from Redis on each scrape."""
+
+    def collect(self):
+        totals = admission.totals()
+        refused = CounterMetricFamily(
+            "productflow_rq_jobs_refused",
+            "Jobs taken from Redis that were not the project's work (forged or foreign), never run; by why. "
+            "Counted per Redis server over the last 7 days (rqworker.admission.REFUSED_TTL).",
+            labels=["kind"],
+        )
+        for kind in admission.KINDS:
+            refused.add_metric([kind], totals["kinds"].get(kind, 0))
+        yield refused
 
 
 def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):

@@ -40,6 +40,13 @@ class EvidenceMixin:
         # Written at birth and on re-registration (never per beat): the hash says how often this worker beats.
         return {**super().serialize(), HEARTBEAT_INTERVAL_FIELD: str(self.heartbeat_interval)}
 
+    def _note_unreadable(self, job_id: str, reason: str) -> None:
+        """A job whose data this worker cannot read (refused by ``admission``): counted, as the error shown."""
+        self._undeserializable += 1
+        self._outcome("d")
+        self._pending_fields[UNDESERIALIZABLE_FIELD] = str(self._undeserializable)
+        self._pending_fields[LAST_ERROR_FIELD] = f"job {job_id[:100]}: cannot deserialize: {reason}"[:500]
+
     def _undeserializable_job(self, taken: Taken, exc: DeserializationError) -> None:
         """Loud once per process (what is wrong and what to do), one line per job after that."""
         job, queue = taken.job, taken.queue

@@ -23,7 +23,6 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
@@ -31,6 +30,7 @@ from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
 from dispatch_app import lanes
+from dispatch_app.rqworker import admission
 
 TAKEN_BY = "pf_taken_by"
 
@@ -180,6 +180,7 @@ class Taken:
     job: Job
     queue: Queue
     execution: Execution | None = None  # its start is already written (``Start``)
+    unreadable: str | None = None  # why its hash could not be read (``admission`` refuses it)
 
 
 class Suspended(Exception):
@@ -300,8 +301,9 @@ class Fetcher:
         for pair, job_id, flat, *started in reply[1:]:
             queue = self.queues[(pair - 2) // 2]
             job = self.job_class(job_id.decode(), connection=self.connection, serializer=self.serializer)
-            job.restore(dict(zip(flat[::2], flat[1::2], strict=True)))
-            taken.append(Taken(job, queue, self._started(job, start) if started else None))
+            # Any hash, bounded and without raising: a forged one is refused by the worker, not a crash here.
+            unreadable = admission.restore(job, dict(zip(flat[::2], flat[1::2], strict=True)))
+            taken.append(Taken(job, queue, self._started(job, start) if started else None, unreadable))
         return taken
 
     @staticmethod
@@ -337,11 +339,11 @@ class Fetcher:
         if verdict != "started":
             return verdict, None
         job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-        try:
-            job.refresh()
-        except NoSuchJobError:  # gone since (expired, deleted): nothing to run
+        raw = self.connection.hgetall(job.key)
+        if not raw:  # gone since (expired, deleted): nothing to run
             return "gone", None
-        return verdict, Taken(job, queue, self._started(job, start))
+        unreadable = admission.restore(job, raw)  # as a take reads it: a forged hash is refused, not a crash
+        return verdict, Taken(job, queue, self._started(job, start), unreadable)
 
     def rescue(self) -> int:
         """Jobs taken by dead workers and never started go back to the head of their queues."""

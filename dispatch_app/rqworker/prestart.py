@@ -29,13 +29,17 @@ log = logging.getLogger("dispatch_app.rqworker")
 
 @dataclass(frozen=True)
 class Held:
-    """A start this worker made ahead of its job: START_SQL's row (payload, trace context, started_at)."""
+    """A start this worker made ahead of its job: START_SQL's row (payload, trace context, started_at, domain)."""
 
     rq_id: str
     job_id: int
     attempt: int
     row: tuple
     queue: str
+
+    @property
+    def domain(self) -> str:
+        return self.row[3]
 
 
 # The start handed to ``execute`` for the job being performed (one job at a time per worker process).
@@ -46,18 +50,22 @@ def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
     """The job's start, made now; None for a job that is not the dispatcher's, not startable, or on an error
     (``execute`` then runs the start itself, as without this, and reports what it finds)."""
     from dispatch_app import prepared
-    from dispatch_app.dispatch.publisher import parse_rq_job_id
+    from dispatch_app.dispatch.publisher import parse_rq_job_id, rq_job_id
+    from dispatch_app.rqworker.admission import queue_domains
     from dispatch_app.transitions import start
     from dispatch_app.worker import _check
 
     ours = parse_rq_job_id(rq_id)
-    if ours is None:
+    # Only the id is known yet (the hash is on its way): a job of a domain this queue serves, by the id the
+    # dispatcher gives it, or nothing. The worker checks the hash before it runs this start's job (admission).
+    domains = queue_domains(queue)
+    if ours is None or rq_job_id(*ours) != rq_id or not domains:
         return None
     job_id, attempt = ours
     try:
         _check.before()
         with prepared.cursor() as cursor:
-            row = start(cursor, worker_name, job_id, attempt)
+            row = start(cursor, worker_name, job_id, attempt, domains)
     except Exception as exc:  # noqa: BLE001 - the take's reply is still to be read; execute meets the error again
         log.warning(
             "job %s attempt %s: start ahead of the take failed (%s); the job starts when it runs",

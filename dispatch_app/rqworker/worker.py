@@ -43,7 +43,7 @@ from rq.worker_registration import register
 from dispatch_app import lanes
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import queue_names
-from dispatch_app.rqworker import fast_paths, prestart
+from dispatch_app.rqworker import admission, fast_paths, prestart
 from dispatch_app.rqworker.beat import Heartbeat, start_beacon
 from dispatch_app.rqworker.evidence import EvidenceMixin
 from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
@@ -329,6 +329,12 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
 
     def _run(self, taken: Taken) -> None:
         job, queue = taken.job, taken.queue
+        # Before anything of the job is imported, called or believed (its timeout included): is it ours?
+        verdict = admission.check(job, queue.name, taken.unreadable)
+        if verdict.refused:
+            self._drop_held(verdict.why, job.id)
+            admission.refuse(self, taken, verdict)
+            return
         self._timeouts[queue.name] = job.timeout
         try:
             job.func_name  # noqa: B018 - deserialises the call; a foreign job fails here, before any start
@@ -337,8 +343,11 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             self._undeserializable_job(taken, exc)
             return
         if self._held is not None and self._held.rq_id == job.id:
-            prestart.hand_over(self._held)
-            self._held = None
+            if self._held.domain not in verdict.admitted:  # two domains on one queue: it names the other's entry
+                self._drop_held("its function is another domain's entry point", job.id)
+            else:
+                prestart.hand_over(self._held)
+                self._held = None
         try:
             return self._perform(taken)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from dispatch_app import payloads
 from dispatch_app.tasks import declare, results
 from dispatch_app.tasks.compat import (
     BaseTaskBackend,
@@ -21,6 +22,18 @@ from dispatch_app.tasks.compat import (
 )
 
 VALIDATED_MAX = 1024
+
+
+class InvalidTaskArguments(InvalidTask, ValidationError):  # noqa: N818 - named as django.tasks names its own
+    """Arguments (or a run_after) the outbox cannot store: a ``ValidationError`` naming the field, and an
+    ``InvalidTask`` as django.tasks callers catch. Nothing was written."""
+
+    def __init__(self, message: str, code: str = "invalid"):
+        ValidationError.__init__(self, message, code=code)
+
+
+class ArgumentsNotJSON(InvalidTaskArguments, TypeError):
+    """Arguments of a type JSON has not: also the TypeError django.tasks raises for them."""
 
 
 class OutboxBackend(BaseTaskBackend):
@@ -62,11 +75,39 @@ class OutboxBackend(BaseTaskBackend):
         self._validated.add(task)
 
     def enqueue(self, task, args, kwargs) -> TaskResult:
-        from dispatch_app.outbox import submit
+        from dispatch_app.outbox import _payload_max_bytes, submit
 
         self._validate_once(task)
-        # Built first: its __post_init__ normalises the arguments to JSON (a TypeError names what is not).
-        task_result = TaskResult(
+        where = f"Task {task.module_path} cannot be enqueued: "
+        try:
+            # Before the normalisation below, which recurses: a thousand-deep argument would be a RecursionError.
+            payloads.check_depth(args, f"{where}args", max_items=_payload_max_bytes())
+            payloads.check_depth(kwargs, f"{where}kwargs", max_items=_payload_max_bytes())
+        except ValidationError as exc:
+            raise InvalidTaskArguments(exc.messages[0], exc.code) from None
+        try:
+            # Built first: its __post_init__ normalises the arguments to JSON.
+            task_result = self._result(task, args, kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ArgumentsNotJSON(f"{where}arguments are not JSON ({exc})", "not_json") from None
+        payload = {
+            "task": task.module_path,
+            "args": task_result.args,
+            "kwargs": task_result.kwargs,
+            "backend": self.alias,
+        }
+        try:
+            job = submit(task.queue_name, payload, available_at=task.run_after)
+        except ValidationError as exc:
+            raise InvalidTaskArguments(f"{where}{'; '.join(exc.messages)}", exc.code) from None
+        object.__setattr__(task_result, "id", str(job.id))
+        object.__setattr__(task_result, "enqueued_at", job.submitted_at)
+        # As Django documents: sent by enqueue. Inside the caller's transaction it may still be rolled back.
+        task_enqueued.send(type(self), task_result=task_result)
+        return task_result
+
+    def _result(self, task, args, kwargs) -> TaskResult:
+        return TaskResult(
             task=task,
             id="",
             status=TaskResultStatus.READY,
@@ -80,21 +121,6 @@ class OutboxBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
-        payload = {
-            "task": task.module_path,
-            "args": task_result.args,
-            "kwargs": task_result.kwargs,
-            "backend": self.alias,
-        }
-        try:
-            job = submit(task.queue_name, payload, available_at=task.run_after)
-        except ValidationError as exc:
-            raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {'; '.join(exc.messages)}") from None
-        object.__setattr__(task_result, "id", str(job.id))
-        object.__setattr__(task_result, "enqueued_at", job.submitted_at)
-        # As Django documents: sent by enqueue. Inside the caller's transaction it may still be rolled back.
-        task_enqueued.send(type(self), task_result=task_result)
-        return task_result
 
     def get_result(self, result_id) -> TaskResult:
         return results.load(result_id, domains=set(self.queues))[0]

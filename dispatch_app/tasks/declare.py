@@ -31,7 +31,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from dispatch_app.domains.base import Domain, Field, RecoveryPolicy
+from dispatch_app.domains.base import Domain, Field, PayloadError, RecoveryPolicy
 
 BACKEND_PATHS = ("dispatch_app.tasks.OutboxBackend", "dispatch_app.tasks.backend.OutboxBackend")
 # What a task job's payload holds: the task's dotted path, its JSON arguments, the backend alias.
@@ -133,6 +133,31 @@ def queue_policies(alias: str, params: dict) -> dict[str, RecoveryPolicy]:
     return policies
 
 
+def check_task_payload(domain: Domain, payload: dict) -> None:
+    """A task job's ``task`` imports to a django.tasks Task on this queue (submit, and the worker before it runs).
+
+    Without it a task queue took any path ("os.system", "no.such.module") and failed only in the worker.
+    """
+    from dispatch_app.tasks.compat import Task
+
+    path = payload["task"]
+    where = f"{domain.key}.task"
+    try:
+        task = import_string(path)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
+        raise PayloadError(f"{where}: {path!r} does not import ({type(exc).__name__})") from None
+    if not isinstance(task, Task):
+        raise PayloadError(f"{where}: {path!r} is not a django.tasks Task (decorate it with @task)")
+    # A Task is declared on one queue and may be sent to another with .using(queue_name=...): the queue must be
+    # one its backend (an OutboxBackend) serves.
+    alias = payload.get("backend") or task.backend
+    params = (getattr(settings, "TASKS", None) or {}).get(alias)
+    if not isinstance(params, dict) or not is_outbox_backend(params.get("BACKEND")):
+        raise PayloadError(f"{where}: backend {str(alias)[:100]!r} is not an OutboxBackend in TASKS")
+    if domain.key not in params.get("QUEUES", ["default"]):
+        raise PayloadError(f"{where}: {path!r} is for backend {alias!r}, which does not serve queue {domain.key!r}")
+
+
 def domain_for(queue: str, policy: RecoveryPolicy) -> Domain:
     from dispatch_app.tasks.run import work
 
@@ -144,6 +169,7 @@ def domain_for(queue: str, policy: RecoveryPolicy) -> Domain:
         task_path=ENTRY_PREFIX + queue,
         recovery=policy,
         description=f"django.tasks queue {queue!r}",
+        payload_check=check_task_payload,
     )
 
 

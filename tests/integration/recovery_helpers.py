@@ -72,7 +72,7 @@ def dispatch_now() -> None:
 def start_like_a_worker(job) -> None:
     """The worker's own start compare-and-set (queued -> running), as a worker that then dies would do."""
     with connection.cursor() as cursor:
-        cursor.execute(START_SQL, ["a-worker-that-then-dies", job.pk, job.attempt])
+        cursor.execute(START_SQL, ["a-worker-that-then-dies", job.pk, job.attempt, None])
         assert cursor.fetchone() is not None
 
 

@@ -15,8 +15,17 @@ from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from dispatch_app import submit
+from dispatch_app.models import Job as JobModel
 from dispatch_app.rqworker import PipelineWorker
 from dispatch_app.rqworker.fetch import Fetcher
+from tests.factories import PAYLOADS
+from tests.integration import provider_kit
+
+
+@pytest.fixture
+def provider(tmp_path):
+    yield from provider_kit.installed(tmp_path)
 
 
 def make_worker(redis_conn, names=("delivery",)):
@@ -47,35 +56,42 @@ def lose_the_reply(worker, monkeypatch, *, runs: bool) -> None:
     monkeypatch.setattr(fetcher, "_send", dropped)
 
 
-def arrive_during_the_wait(worker, monkeypatch, queue, job_id, **options) -> None:
+def arrive_during_the_wait(worker, monkeypatch, queue, job_id, func="builtins.len", args=("abc",), **options) -> None:
     wait = worker._fetcher.wait
 
     def wait_and_arrive(timeout):
-        queue.enqueue("builtins.len", "abc", job_id=job_id, **options)
+        queue.enqueue(func, *args, job_id=job_id, **options)
         return wait(timeout)
 
     monkeypatch.setattr(worker._fetcher, "wait", wait_and_arrive)
 
 
-def test_a_start_written_before_the_reply_was_lost_is_run_by_the_worker(redis_conn, monkeypatch):
+@pytest.mark.django_db(transaction=True)
+def test_a_start_written_before_the_reply_was_lost_is_run_by_the_worker(redis_conn, monkeypatch, provider):
+    # The project's own job (the worker runs nothing else: rqworker.admission).
+    submitted = submit("delivery", PAYLOADS["delivery"])
+    rq_id = f"pf-{submitted.pk}-1"
     worker, [queue] = make_worker(redis_conn)
     worker._timeouts["delivery"] = 600  # the take writes the start
-    arrive_during_the_wait(worker, monkeypatch, queue, "lost-started", job_timeout=600)
+    arrive_during_the_wait(
+        worker, monkeypatch, queue, rq_id, "dispatch_app.run.delivery", (submitted.pk, 1), job_timeout=600
+    )
     lose_the_reply(worker, monkeypatch, runs=True)
 
     with pytest.raises(redis.ConnectionError):
         worker._next(1, False)
-    assert Job.fetch("lost-started", connection=redis_conn, serializer=JSONSerializer).get_status() == "started"
+    assert Job.fetch(rq_id, connection=redis_conn, serializer=JSONSerializer).get_status() == "started"
     monkeypatch.undo()
     worker._redis_down(redis.ConnectionError("Connection closed by server."))
 
     [(taken, _)] = worker._buffer
-    assert taken.job.id == "lost-started" and taken.execution is not None
+    assert taken.job.id == rq_id and taken.execution is not None
     assert redis_conn.exists(taken.execution.key)
     assert worker._next(1, False) is taken  # next in line: run, with the execution its take wrote
     worker._run(taken)
     worker._flush_pending()
-    job = Job.fetch("lost-started", connection=redis_conn, serializer=JSONSerializer)
+    assert JobModel.objects.get(pk=submitted.pk).status == "succeeded"
+    job = Job.fetch(rq_id, connection=redis_conn, serializer=JSONSerializer)
     assert job.get_status() == JobStatus.FINISHED
     assert StartedJobRegistry("delivery", connection=redis_conn).get_job_ids() == []
     assert redis_conn.keys("rq:execution:*") == []

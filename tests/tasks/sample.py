@@ -45,3 +45,9 @@ def vendor_refuses_once(context):
     if context.attempt == 1:
         raise ProviderError("vendor said no")
     return context.attempt
+
+
+@task()
+def echo(*args, **kwargs):
+    """Returns what it was given (the property tests' task: any JSON arguments)."""
+    return {"args": list(args), "kwargs": kwargs}

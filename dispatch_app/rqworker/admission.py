@@ -1,0 +1,257 @@
+"""Admission: a job taken from Redis runs only if it is exactly what the dispatcher would have sent.
+
+RQ imports and calls whatever function path a job hash names, and imports its
+callback paths too (DESIGN.md, "RQ runs whatever a job hash names"). Redis is a
+delivery channel anyone on its network can write to, so its contents are input,
+not instructions. Before anything is imported or called, ``check`` compares a
+taken job with what ``dispatch.publisher`` writes:
+
+- its function is a declared domain's ``task_path`` (``dispatch_app.run.<key>``,
+  the task backend's ``dispatch_app.tasks.run.entry.<queue>``, or a domain's own);
+- its call is ``(job_id, attempt)``: two positive integers, no instance, no kwargs;
+- its RQ id is ``publisher.rq_job_id(job_id, attempt)``;
+- it was taken from a lane of that domain's queue (``lanes.queues``) and names that queue as its origin;
+- it carries no callbacks, dependencies, repeats, retries, webhooks or rate limit.
+
+A refused job is never imported or run: it leaves the queue (or its started
+registry, when the take wrote its start) for RQ's failed registry, with the
+reason as its exc_info, for inspection. The first refusal of each kind in a
+process is logged at ERROR with the function path the job named, later ones one
+INFO line each (a flood of forged jobs must not become a flood of alerts). Each
+refusal is counted on its Redis server (``REFUSED_KEY``: the count, per kind, and
+the last function path), where the dashboard's banner and the
+``productflow_rq_jobs_refused`` metric read it (``totals``).
+
+What PostgreSQL allows is checked after this, by the start itself
+(transitions.START_SQL): a job that passes here still starts only if it is that
+domain's, due, not paused, and its envelope was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from dataclasses import dataclass
+
+import redis
+from rq.utils import now, utcformat
+
+from dispatch_app import lanes, redis_servers
+from dispatch_app.dispatch.publisher import rq_job_id
+from dispatch_app.domains import all_domains
+
+log = logging.getLogger("dispatch_app.rqworker")
+
+# The dispatcher's call data is ~60 bytes; a hash much bigger than a real one is refused before it is
+# parsed (RQ decompresses ``data`` unbounded: a few KB of zlib can become hundreds of MB).
+MAX_DATA_BYTES = 4096
+MAX_HASH_BYTES = 64 * 1024
+# The refusals on one Redis server (a hash): count, kind:<kind> counts, last_func, last_kind, last_at.
+REFUSED_KEY = "productflow:refused"
+# The count (and the dashboard's banner) lasts this long after the last refusal; the refused jobs stay
+# in RQ's failed registry as long.
+REFUSED_TTL = 7 * 86_400
+FUNC_SHOWN_MAX = 200
+
+UNREADABLE = "unreadable"  # the hash or its call data is not what RQ writes for a JSON job
+NOT_AN_ENTRY_POINT = "not_an_entry_point"  # the function is not a declared domain's task_path
+BAD_ARGUMENTS = "bad_arguments"  # not exactly (job_id, attempt)
+BAD_ID = "bad_id"  # the RQ id is not the one the dispatcher gives that (job, attempt)
+WRONG_QUEUE = "wrong_queue"  # taken from (or naming) a queue that is not a lane of the domain's queue
+EXTRAS = "extras"  # callbacks, dependencies, repeats, retries, webhooks, rate limit
+KINDS = (UNREADABLE, NOT_AN_ENTRY_POINT, BAD_ARGUMENTS, BAD_ID, WRONG_QUEUE, EXTRAS)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``admitted``: the domain keys whose entry point and queue the job matches (one, unless two domains
+    share a task_path and a queue). Refused: ``kind`` and ``reason``. ``func``: the path it named, shown."""
+
+    admitted: tuple[str, ...] = ()
+    kind: str = ""
+    reason: str = ""
+    func: str = ""
+
+    @property
+    def refused(self) -> bool:
+        return not self.admitted
+
+    @property
+    def why(self) -> str:
+        """Why its start (made ahead of the take, prestart) is withdrawn."""
+        if self.kind == UNREADABLE:
+            return f"its data in Redis could not be deserialised ({self.reason})"
+        return f"it is not the project's work (refused: {self.kind})"
+
+
+def restore(job, mapping: dict) -> str | None:
+    """``job.restore(mapping)``, bounded and never raising: None, or why the hash cannot be read.
+
+    Called by ``fetch`` on every taken hash: a hash RQ's own restore chokes on (a non-integer
+    timeout, an unknown status, no data) must not stop the worker; ``check`` then refuses it.
+    """
+    size = sum(len(k) + len(v) for k, v in mapping.items() if isinstance(k, bytes) and isinstance(v, bytes))
+    data = mapping.get(b"data")
+    if size > MAX_HASH_BYTES or (data is not None and len(data) > MAX_DATA_BYTES):
+        return f"job hash too big ({size} bytes; data {len(data or b'')} bytes)"
+    try:
+        job.restore(mapping)
+    except Exception as exc:  # noqa: BLE001 - any error: the hash is not one RQ wrote for our publisher
+        return f"job hash unreadable: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
+def queue_domains(queue: str) -> tuple[str, ...]:
+    """The keys of the domains whose queue has the RQ queue ``queue`` as a lane."""
+    return tuple(d.key for d in all_domains() if queue in lanes.queues(d.queue))
+
+
+def _shown(func) -> str:
+    text = func if isinstance(func, str) else repr(func)
+    return text[:FUNC_SHOWN_MAX]
+
+
+def _is_positive_int(value) -> bool:
+    # bool is an int in Python; JSON true is not a job id.
+    return type(value) is int and 1 <= value < 2**63
+
+
+def _extras(job) -> list[str]:
+    found = []
+    for name in ("success", "failure", "stopped"):
+        if getattr(job, f"_{name}_callback_name", None):
+            found.append(f"{name} callback")
+    if getattr(job, "_dependency_ids", None):
+        found.append("dependencies")
+    if job.repeats_left is not None or getattr(job, "repeat_intervals", None):
+        found.append("repeats")
+    if job.retries_left is not None or getattr(job, "retry_intervals", None):
+        found.append("retries")
+    if getattr(job, "webhooks", None):
+        found.append("webhooks")
+    if getattr(job, "rate_limit_key", None):
+        found.append("rate limit")
+    return found
+
+
+def check(job, queue: str, unreadable: str | None = None) -> Verdict:
+    """Is this taken job the project's own work? Reads only the hash in hand: imports nothing."""
+    if unreadable:
+        return Verdict(kind=UNREADABLE, reason=unreadable)
+    try:
+        data = job.data
+        if len(data) > MAX_DATA_BYTES:
+            raise ValueError(f"{len(data)} bytes")
+        call = json.loads(data)
+    except Exception as exc:  # noqa: BLE001 - bytes no serializer of ours wrote (pickle, garbage, a bomb)
+        return Verdict(kind=UNREADABLE, reason=f"call data is not JSON: {type(exc).__name__}: {str(exc)[:200]}")
+    if not (isinstance(call, list) and len(call) == 4):
+        return Verdict(kind=UNREADABLE, reason="call data is not [function, instance, args, kwargs]")
+    func, instance, args, kwargs = call
+    shown = _shown(func)
+    named = [d for d in all_domains() if d.task_path == func] if isinstance(func, str) else []
+    if not named:
+        return Verdict(kind=NOT_AN_ENTRY_POINT, reason=f"function {shown!r} is no domain's entry point", func=shown)
+    if instance is not None or kwargs != {} or not (isinstance(args, list) and len(args) == 2):
+        return Verdict(kind=BAD_ARGUMENTS, reason="the call is not (job_id, attempt)", func=shown)
+    if not all(_is_positive_int(a) for a in args):
+        return Verdict(kind=BAD_ARGUMENTS, reason=f"arguments {str(args)[:100]} are not two job numbers", func=shown)
+    if job.id != rq_job_id(*args):
+        return Verdict(kind=BAD_ID, reason=f"RQ id {job.id[:100]!r} is not {rq_job_id(*args)!r}", func=shown)
+    keys = tuple(d.key for d in named if queue in lanes.queues(d.queue))
+    if not keys or job.origin != queue:
+        return Verdict(
+            kind=WRONG_QUEUE, reason=f"taken from {queue!r} (origin {job.origin[:100]!r}), not its domain's", func=shown
+        )
+    extras = _extras(job)
+    if extras:
+        return Verdict(kind=EXTRAS, reason=f"carries {', '.join(extras)}", func=shown)
+    return Verdict(admitted=keys, func=shown)
+
+
+_told: set[str] = set()  # kinds already logged at ERROR in this process
+
+
+def refuse(worker, taken, verdict: Verdict) -> None:
+    """Fail the job without running it (RQ's failed registry keeps it), log and count the refusal."""
+    job, queue = taken.job, taken.queue
+    extra = {"action": "job_refused", "domain": queue.name, "job_id": job.id[:100], "kind": verdict.kind}
+    message = "worker %s: job %r refused, not the project's work (%s: %s), function %r: never imported or run"
+    args = (worker.name, job.id[:100], verdict.kind, verdict.reason, verdict.func)
+    if verdict.kind not in _told:
+        _told.add(verdict.kind)
+        log.error(message + "; later refusals of this kind are logged at INFO", *args, extra=extra)
+    else:
+        log.info(message, *args, extra=extra)
+    if verdict.kind == UNREADABLE:
+        worker._note_unreadable(job.id, verdict.reason)
+        worker.failed_job_count += 1
+    worker._flush_pending()  # the previous job's end first, as every write of this worker
+    # The registries this worker wrote (the take's start) are the queue's, whatever origin the hash names.
+    job.origin = queue.name
+    at = now()
+    with worker.connection.pipeline() as pipe:
+        if taken.execution is None:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        else:  # started by the take (fetch.Start): end that execution, as RQ ends a failed one
+            worker.cleanup_execution(job, pipeline=pipe, execution=taken.execution)
+        # Written field by field, never ``job.save()``: the hash holds what the writer put there.
+        pipe.hset(
+            job.key,
+            mapping={
+                "status": "failed",
+                "ended_at": utcformat(at),
+                "exc_info": zlib.compress(f"refused by admission ({verdict.kind}): {verdict.reason}".encode()),
+            },
+        )
+        pipe.expire(job.key, REFUSED_TTL)
+        pipe.zadd(queue.failed_job_registry.key, {job.id: at.timestamp() + REFUSED_TTL})
+        if verdict.kind == UNREADABLE:
+            # As before admission: a worker fed jobs it cannot read shows as failing them (the health view's
+            # "misconfigured worker: serializer?"). Other refusals are someone else's writes, not this worker's.
+            worker.increment_failed_job_count(pipe)
+        _count(pipe, verdict, at)
+        worker._write_fields(pipe)
+        pipe.execute()
+
+
+def _count(pipe, verdict: Verdict, at) -> None:
+    pipe.hincrby(REFUSED_KEY, "count", 1)
+    pipe.hincrby(REFUSED_KEY, f"kind:{verdict.kind}", 1)
+    pipe.hset(REFUSED_KEY, mapping={"last_func": verdict.func, "last_kind": verdict.kind, "last_at": utcformat(at)})
+    pipe.expire(REFUSED_KEY, REFUSED_TTL)
+
+
+def totals(conn: redis.Redis | None = None) -> dict:
+    """Refusals over every server the declared queues live on (``conn``: that one only).
+
+    {"count", "kinds": {kind: n}, "last_func", "last_kind", "last_at", "error"}; never raises for Redis trouble.
+    """
+    servers = [conn] if conn is not None else None
+    if servers is None:
+        urls = redis_servers.by_server(dict.fromkeys(d.queue for d in all_domains()))
+        servers = [redis_servers.connection(url) for url in urls]
+    out = {"count": 0, "kinds": {}, "last_func": "", "last_kind": "", "last_at": "", "error": ""}
+    for server in servers:
+        try:
+            raw = server.hgetall(REFUSED_KEY)
+        except redis.RedisError as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        fields = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
+        out["count"] += _int(fields.get("count"))
+        for name, value in fields.items():
+            if name.startswith("kind:"):
+                out["kinds"][name[5:]] = out["kinds"].get(name[5:], 0) + _int(value)
+        if fields.get("last_at", "") > out["last_at"]:
+            out.update(last_func=fields.get("last_func", ""), last_kind=fields.get("last_kind", ""))
+            out["last_at"] = fields["last_at"]
+    return out
+
+
+def _int(value) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
