@@ -61,6 +61,9 @@ INSTALLED_APPS = [
     "pgtrigger",
     "django_rq",
     "dispatch_app",
+    # This repository's own commands (demo, loadgen, dispatchbench, embedded): they need the checkout
+    # (manage.py, bench/, the embedded servers), so they are not part of the dispatch_app package.
+    "productflow",
 ]
 
 MIDDLEWARE = [
