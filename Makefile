@@ -1,6 +1,7 @@
 # The two set-up commands of the README:
 #   make demo   - the main job on the embedded default (or DATABASE_URL/REDIS_URL)
 #   make test   - the whole test suite
+# CI's second leg runs the same on Python 3.13 + Django 6: make test VENV=.venv313 PYTHON=/root/.pyenv/versions/3.13.0/bin/python
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -10,8 +10,10 @@ class DispatchAppConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
+        from dispatch_app import redis_servers
         from dispatch_app.domains import registry
 
+        redis_servers.ensure_redis_url()
         checks.register(_check_dispatch_settings)
         setting_changed.connect(_domains_setting_changed, dispatch_uid="dispatch_app.domains")
         # Declared domains load now, so every queue has its RQ_QUEUES entry before anything reads it.

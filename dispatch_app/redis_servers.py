@@ -16,6 +16,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from dispatch_app import lanes
 
@@ -33,6 +34,33 @@ def with_timeouts(url: str, timeout: float) -> str:
         if f"{key}=" not in url
     ]
     return url + (sep + "&".join(extra) if extra else "")
+
+
+def ensure_redis_url() -> str:
+    """Bounded Redis URLs and ``settings.REDIS_URL`` (the server of anything not on a queue's own), at start-up.
+
+    This project's settings set REDIS_URL from the environment with timeouts in it; a project of its own usually
+    configures only django-rq's ``RQ_QUEUES``. So: a ``"default"`` entry whose URL has no ``socket_timeout`` gets
+    ``REDIS_SOCKET_TIMEOUT`` (default 5 s) added -- every Redis call of the dispatcher must be bounded to keep its
+    leases honest (``conf.check_lease``) -- and an unset REDIS_URL becomes that entry's server.
+    """
+    timeout = getattr(settings, "REDIS_SOCKET_TIMEOUT", 5.0)
+    entry = (getattr(settings, "RQ_QUEUES", None) or {}).get("default")
+    if entry and entry.get("URL") and "socket_timeout=" not in entry["URL"]:
+        entry["URL"] = with_timeouts(entry["URL"], timeout)
+    url = getattr(settings, "REDIS_URL", None)
+    if url:
+        return url
+    if not entry:
+        raise ImproperlyConfigured(
+            'RQ_QUEUES["default"] (django-rq) must name the Redis server of the dispatch queues, '
+            'e.g. {"default": {"URL": "redis://localhost:6379/0", "SERIALIZER": "rq.serializers.JSONSerializer"}}'
+        )
+    url = f"redis://localhost:6379/{entry.get('DB', 0)}"  # django-rq's own defaults for an entry without a server
+    if entry.get("URL") or entry.get("HOST") or entry.get("UNIX_SOCKET_PATH"):
+        url = queue_url("default")
+    settings.REDIS_URL = with_timeouts(url, timeout)
+    return settings.REDIS_URL
 
 
 def add_queue_entries(queues) -> list[str]:

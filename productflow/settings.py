@@ -66,6 +66,9 @@ INSTALLED_APPS = [
     "pgtrigger",
     "django_rq",
     "dispatch_app",
+    # This repository's own commands (demo, loadgen, dispatchbench, embedded): they need the checkout
+    # (manage.py, bench/, the embedded servers), so they are not part of the dispatch_app package.
+    "productflow",
 ]
 
 MIDDLEWARE = [
@@ -160,7 +163,8 @@ from dispatch_app.redis_servers import with_timeouts  # noqa: E402 - plain funct
 REDIS_URL = with_timeouts(REDIS_URL, REDIS_SOCKET_TIMEOUT)
 
 # The domains this project runs (dispatch_app.domains.registry): dotted paths to a module with a DOMAIN,
-# or to a Domain. Default: the five shipped ProductFlow domains.
+# or to a Domain. Unset: none (only TASKS' queues); this demo project asks for the five shipped domains
+# (dispatch_app.domains.DEFAULT_DOMAINS).
 PRODUCTFLOW_DOMAINS = [
     "dispatch_app.domains.workflow",
     "dispatch_app.domains.image_series",

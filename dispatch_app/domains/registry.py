@@ -2,8 +2,9 @@
 
 A domain is declared in a plain module (a ``Domain`` named ``DOMAIN``, or any
 ``Domain`` object) listed by dotted path in the setting ``PRODUCTFLOW_DOMAINS``
-(default: the five shipped ProductFlow domains, declared exactly like a
-project's own). ``dispatch_app.tasks.declare.task_domains()`` adds the domains of
+(default: none -- a project runs only what it declares; the five shipped demo
+domains are ``DEFAULT_DOMAINS``, declared exactly like a project's own when it
+asks for them). ``dispatch_app.tasks.declare.task_domains()`` adds the domains of
 the ``django.tasks`` queues. ``register()`` adds one from code.
 
 Loading is lazy (the first read), idempotent and thread-safe; a change of
@@ -25,6 +26,8 @@ from django.core.exceptions import ImproperlyConfigured
 from dispatch_app import lanes, redis_servers
 from dispatch_app.domains.base import DEFAULT_TASK_PREFIX, Domain, Field, RecoveryPolicy
 
+# The shipped demo domains: a project asks for them (PRODUCTFLOW_DOMAINS = [*DEFAULT_DOMAINS, ...]); unset means
+# none, so a project's admin, runworkers and recovery show only its own queues.
 DEFAULT_DOMAINS: tuple[str, ...] = (
     "dispatch_app.domains.workflow",
     "dispatch_app.domains.image_series",
@@ -157,7 +160,7 @@ def _load() -> dict[str, Domain]:
             raise ImproperlyConfigured("the domain registry was read while it loads (a domain module reads it)")
         _loading = True
         try:
-            paths = getattr(settings, "PRODUCTFLOW_DOMAINS", DEFAULT_DOMAINS)
+            paths = getattr(settings, "PRODUCTFLOW_DOMAINS", ())
             if isinstance(paths, str) or not isinstance(paths, (list, tuple)):
                 raise DomainError(f"PRODUCTFLOW_DOMAINS must be a list of dotted paths, got {paths!r}")
             loaded: dict[str, Domain] = {}

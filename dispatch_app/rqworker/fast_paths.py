@@ -3,8 +3,11 @@
 - ``resolve_serializer`` runs in every ``Job``, ``Queue`` and registry
   constructor, and a worker builds several of those per job. Its check,
   ``isinstance(serializer, Serializer)`` against a runtime-checkable Protocol,
-  walks the Protocol's attributes twice on every call before Python 3.12 (which
-  caches them): a third of the cost of recording a job's start on a slow host.
+  walks the Protocol's attributes twice on every call before Python 3.12: a
+  third of the cost of recording a job's start on a slow host. Python 3.12+
+  caches the attribute names but still runs the Protocol's ``__instancecheck__``
+  (a ``hasattr`` per attribute) on every call -- 3.4 us against 0.06 us for the
+  shortcut on Python 3.13 here -- so the shortcut is taken on every version.
   The project's workers always use RQ's ``JSONSerializer``, which passes that
   check, so for it the answer is known; anything else goes to RQ's function.
 - ``utcparse`` reads every timestamp of a job hash (``Job.restore``) with
@@ -59,8 +62,7 @@ def install() -> list[str]:
     """
     changed = []
     plan = [(m, "utcparse", _utcparse, utcparse) for m in UTCPARSE_MODULES]
-    if sys.version_info < (3, 12):
-        plan += [(m, "resolve_serializer", _resolve_serializer, resolve_serializer) for m in SERIALIZER_MODULES]
+    plan += [(m, "resolve_serializer", _resolve_serializer, resolve_serializer) for m in SERIALIZER_MODULES]
     for module_name, attr, original, fast in plan:
         module = sys.modules.get(module_name)
         if module is not None and getattr(module, attr, None) is original:

@@ -70,7 +70,11 @@ def child_env(conf: DispatchSettings) -> dict[str, str]:
     from django.db import connection
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
-    env["DATABASE_URL"] = child_database_url(settings.DATABASE_URL, connection.settings_dict["NAME"])
+    # Settings that read DATABASE_URL / REDIS_URL from the environment (this project's) get the parent's
+    # effective ones; a project whose settings name its servers directly has no DATABASE_URL setting and
+    # its child reads the same settings module as the parent.
+    if getattr(settings, "DATABASE_URL", None):
+        env["DATABASE_URL"] = child_database_url(settings.DATABASE_URL, connection.settings_dict["NAME"])
     env["REDIS_URL"] = settings.REDIS_URL
     # A domain on its own Redis (RQ_QUEUES) reads its evidence there in the child too.
     from dispatch_app.domains import queue_names
@@ -81,7 +85,8 @@ def child_env(conf: DispatchSettings) -> dict[str, str]:
         if queue_url(queue) != settings.REDIS_URL:
             env[f"REDIS_URL_{queue.upper()}"] = queue_url(queue)
     env["PRODUCTFLOW_KEEP_REDIS_DB"] = "1"
-    env.setdefault("DJANGO_SETTINGS_MODULE", "productflow.settings")
+    # manage.py sets DJANGO_SETTINGS_MODULE in os.environ, so the child normally inherits the parent's.
+    env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE") or "productflow.settings")
     env["PYTHONUNBUFFERED"] = "1"
     # Command-line overrides of the parent (--lease, ...) and DISPATCH from settings reach the child the same way.
     for key, value in dataclasses.asdict(conf).items():
@@ -98,12 +103,9 @@ def child_argv(
     async_commit: bool = True,
     yield_to_new_work: bool = True,
 ) -> list[str]:
-    from django.conf import settings
-
-    manage = Path(settings.BASE_DIR) / "manage.py"
     return [
         sys.executable,
-        str(manage),
+        *_manage_command(),
         "rundispatcher",
         "--recovery-child",
         "--report-fd",
@@ -117,6 +119,24 @@ def child_argv(
         *([] if async_commit else ["--recovery-sync-commit"]),
         *([] if yield_to_new_work else ["--recovery-no-yield"]),
     ]
+
+
+def _manage_command() -> list[str]:
+    """How the child runs a management command of the parent's project.
+
+    BASE_DIR/manage.py (startproject's layout, and this repository's), else the script the parent was started
+    with when it is a manage.py, else ``python -m django`` (DJANGO_SETTINGS_MODULE is inherited, and the child
+    starts in the parent's working directory, which ``-m`` puts on sys.path).
+    """
+    from django.conf import settings
+
+    base_dir = getattr(settings, "BASE_DIR", None)
+    if base_dir and (Path(base_dir) / "manage.py").is_file():
+        return [str(Path(base_dir) / "manage.py")]
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script and script.name == "manage.py" and script.is_file():
+        return [str(script.resolve())]
+    return ["-m", "django"]
 
 
 class RecoveryProcessLoop:

@@ -49,8 +49,14 @@ def _work(ctx):
     return {}
 
 
-def test_the_shipped_domains_are_the_default_declaration(isolated):
-    del isolated.PRODUCTFLOW_DOMAINS  # unset: the default list
+def test_unset_declares_no_demo_domain_only_the_projects_task_queues(isolated):
+    del isolated.PRODUCTFLOW_DOMAINS  # unset: a project runs what it declares, never the demo's five
+    assert not set(domain_keys()) & {"workflow", "image_series", "delivery", "partial_edit", "agent"}
+    assert set(domain_keys()) == {queue for backend in isolated.TASKS.values() for queue in backend["QUEUES"]}
+
+
+def test_the_shipped_domains_are_declared_when_asked_for(isolated):
+    isolated.PRODUCTFLOW_DOMAINS = list(DEFAULT_DOMAINS)
     assert domain_keys()[:5] == ("workflow", "image_series", "delivery", "partial_edit", "agent")
     assert [d.key for d in all_domains()][:5] == list(domain_keys()[:5])
 

