@@ -293,7 +293,10 @@ def test_mixed_chaos_loses_nothing_and_repeats_no_vendor_call(private_stack, pri
     # The scenario did bite: every kind of fault happened, and vendor failures and recovery happened too.
     vendor_failures = calls.failures
     events = dict(stack.sql("SELECT kind, count(*) FROM dispatch_app_jobevent GROUP BY 1"))
-    assert vendor_failures and backends_terminated and events.get("recovery_redispatch"), (
+    # Recovery acted: a re-dispatch or a verdict. Since a retry-safe job whose worker died re-runs through the
+    # worker's own retry and dead workers are seen by their session (issue 29), a run may need no re-dispatch.
+    recovery_acted = events.get("recovery_redispatch") or events.get("recovery_outcome_unknown")
+    assert vendor_failures and backends_terminated and recovery_acted, (
         vendor_failures,
         backends_terminated,
         events,
