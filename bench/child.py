@@ -89,6 +89,7 @@ def main() -> None:
         POLL_INTERVAL=spec.get("poll", 1.0),
         **({"LEASE_SECONDS": spec["lease"]} if "lease" in spec else {}),
         RECOVERY=real["overrides"] if real else None,
+        **spec.get("settings", {}),
     )
     locking = spec.get("locking")
     if locking:

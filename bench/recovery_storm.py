@@ -18,6 +18,8 @@ Variants, run interleaved, ``--repeat`` times:
 - ``defaults@R``: the backlog, recovery at its defaults (a round per domain
   every 30 s + up to 5 s jitter);
 - ``fast@R``: the backlog, a round per domain every second;
+- ``unpaced@R``: as ``fast``, with ``RECOVERY_PACING`` off (every round sends its
+  whole cap, however slowed new work is): what the pacer saves;
 - ``fast, saturated``: the recovery lane of ``delivery`` filled first, then new
   jobs faster than the delivery worker can run them: the share recovered work
   still gets (RECOVERY_LANE_EVERY) is ``recovered_share_pct``.
@@ -43,7 +45,8 @@ from bench.workers import Workers
 
 NAME = "recovery-storm"
 RATES = (100, 200)
-VARIANTS = [f"{mode}@{r}" for r in RATES for mode in ("none", "defaults", "fast")] + ["fast, saturated"]
+MODES = ("none", "defaults", "fast", "unpaced")
+VARIANTS = [f"{mode}@{r}" for r in RATES for mode in MODES] + ["fast, saturated"]
 STALE_SECONDS = 600.0
 FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
 
@@ -85,6 +88,16 @@ def run(ctx: Context) -> list[dict]:
     seconds = ctx.size("storm_seconds", 40.0, 1.0)
     saturated_rate = ctx.size("storm_saturated_rate", 800.0, 400.0)
     saturated_backlog = int(ctx.size("storm_saturated_backlog", 300, 25))
+    # One rate only (0: every rate) and the saturated run or not: a shorter run of what changed.
+    only_rate = int(ctx.size("storm_rate", 0, 0))
+    with_saturated = bool(ctx.size("storm_saturated", 1, 1))
+
+    def wanted(variant: str) -> bool:
+        if variant == "fast, saturated":
+            return with_saturated
+        return only_rate in (0, int(variant.split("@")[1]))
+
+    variants = [v for v in VARIANTS if wanted(v)]
 
     def run_one(variant: str, index: int):
         mode, _, rate_text = variant.partition("@")
@@ -93,12 +106,14 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         if mode != "none":
             seed_stale(per_domain, domains)
-        overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if mode.startswith("fast") else {})}
+        fast = mode.startswith("fast") or mode == "unpaced"
+        overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if fast else {})}
         spec = {
             "kind": "dispatch",
             "listen": True,
             "poll": 1.0,
             "real_recovery": {"domains": domains, "overrides": {d: dict(overrides) for d in domains}},
+            "settings": {"RECOVERY_PACING": mode != "unpaced"},
         }
         stamps = tempfile.NamedTemporaryFile(prefix="pf-storm-stamps-", delete=False)
         stamps.close()
@@ -168,7 +183,7 @@ def run(ctx: Context) -> list[dict]:
             child.stop()
             os.unlink(stamps.name)
 
-    out = side_by_side(ctx, NAME, VARIANTS, run_one)
+    out = side_by_side(ctx, NAME, variants, run_one)
     params = {
         "stale_per_domain": per_domain,
         "domains": len(domains),
@@ -178,12 +193,12 @@ def run(ctx: Context) -> list[dict]:
     }
     records = [
         record(NAME, v, dict(params, variant=v), out["runs"][v], out["series"][v], error=out["errors"].get(v))
-        for v in VARIANTS
+        for v in variants
     ]
     by_variant = {r["variant"]: r["metrics"] for r in records}
     for r in RATES:
         base = by_variant.get(f"none@{r}") or {}
-        for mode in ("none", "defaults", "fast"):
+        for mode in MODES:
             m = by_variant.get(f"{mode}@{r}")
             if m:
                 m["p50_x_none"] = ratio(m.get("start_p50_ms"), base.get("start_p50_ms"))

@@ -130,6 +130,29 @@ SPECS: dict[str, _Spec] = {
     "PROVIDER_TIMEOUT": _Spec(
         30.0, float, 0.01, 3600, "longest any one vendor call may take (s); past it the call's outcome is unknown"
     ),
+    # Recovery's pacing by new work's wait (dispatch_app.recovery.pacing).
+    "RECOVERY_PACING": _Spec(
+        True,
+        bool,
+        doc="recovery loops cut their re-dispatches per round while new work's start wait rises above its quietest "
+        "(recovery.pacing); False: always the policy's cap",
+    ),
+    "RECOVERY_PACE_WINDOW": _Spec(
+        5.0, float, 0.5, 600, "pacing looks at first attempts dispatched this long ago or less (s)"
+    ),
+    "RECOVERY_PACE_TOLERANCE": _Spec(
+        1.25, float, 1.0, 100, "new work counts as slowed above its quietest p90 start wait times this"
+    ),
+    "RECOVERY_PACE_SLACK_MS": _Spec(
+        2.0, float, 0, 60_000, "... plus this (ms), so a few milliseconds of noise are not read as slowed"
+    ),
+    "RECOVERY_PACE_MIN_SHARE": _Spec(
+        0.1,
+        float,
+        0.0,
+        1.0,
+        "share of a round's cap recovery keeps re-dispatching however slowed new work is (at least 1 job)",
+    ),
     "RECOVERY": _Spec(
         {}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}} (recovery.policy.KEYS)"
     ),
@@ -190,6 +213,11 @@ class DispatchSettings:
     PROVIDER_LATENCY_MS: float
     PROVIDER_FAILURE_RATE: float
     PROVIDER_TIMEOUT: float
+    RECOVERY_PACING: bool
+    RECOVERY_PACE_WINDOW: float
+    RECOVERY_PACE_TOLERANCE: float
+    RECOVERY_PACE_SLACK_MS: float
+    RECOVERY_PACE_MIN_SHARE: float
     RECOVERY: dict
     HEARTBEAT_INTERVAL: float
     HEARTBEAT_STALE_SECONDS: float

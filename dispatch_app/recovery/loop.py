@@ -32,6 +32,7 @@ class RecoveryLoop:
         signals: RoundSignals | None = None,
         redis=None,
         provider=None,
+        pacer=None,
     ):
         self.policy = policy
         self.domain = policy.domain
@@ -42,6 +43,7 @@ class RecoveryLoop:
         # waiter(timeout) -> True when stopped; the default wakes at once on stop.
         self.waiter = waiter or stop.wait
         self.round = Round(policy, redis=redis, provider=provider, signals=signals)
+        self.pacer = pacer  # recovery.pacing.Pacer, shared by the process's loops; None: the policy's cap alone
         self.round.log_failures = False  # its LoopRunner logs a failed round, once per incident
         self.rounds = 0
         self.busy = 0  # ticks skipped because another session ran this domain
@@ -62,6 +64,8 @@ class RecoveryLoop:
         return TICK
 
     def run_once(self, trigger: str = TICK) -> RoundResult:
+        if self.pacer is not None:
+            self.round.pace = self.pacer.allowance(self.domain, self.policy.redispatch_cap)
         try:
             result = self.round.run_once()
         finally:

@@ -72,6 +72,7 @@ class RoundResult:
     has_more: bool = False
     oldest_candidate_age: float | None = None
     error: str = ""
+    paced: str = ""  # the pacer's word on this round's cap (recovery.pacing); "" when not paced
     candidates: list[CandidateReport] = field(default_factory=list)
 
     @property
@@ -138,6 +139,8 @@ class Round(Actions):
         # A loop's runner logs the failure of a round once per incident (runtime.incident); ``recover --once`` has
         # no runner, so by default the round logs its own.
         self.log_failures = True
+        # The pacer's word for the next round (recovery.pacing.Allowance): its cap, below the policy's.
+        self.pace = None
 
     @property
     def redis(self):
@@ -158,6 +161,8 @@ class Round(Actions):
 
     def run_once(self) -> RoundResult:
         result = RoundResult(self.domain, dry_run=self.dry_run)
+        if self.pace is not None:
+            result.paced = self.pace.describe()
         if not try_domain_lock(self.domain):
             result.ran = False
             log.debug(
@@ -217,7 +222,7 @@ class Round(Actions):
         first_error = next(errors, "")
         log.log(
             level,
-            "%s: round scanned %d, re-dispatched %d, left alone %d, unknown %d, failed %d, skipped %d, errors %d%s%s",
+            "%s: round scanned %d, re-dispatched %d, left alone %d, unknown %d, failed %d, skipped %d, errors %d%s%s%s",
             self.domain,
             result.scanned,
             result.redispatched,
@@ -227,6 +232,7 @@ class Round(Actions):
             result.skipped,
             result.errors,
             ", has more" if result.has_more else "",
+            f"; {result.paced}" if result.paced else "",
             first_error,
             extra={"action": "recovery_round", "domain": self.domain},
         )
@@ -309,8 +315,9 @@ class Round(Actions):
             report.outcome = "would"
             return None
         redispatches = sum(1 for step in planned if step.decision.kind == decisions.REDISPATCH)
-        if decision.kind == decisions.REDISPATCH and redispatches >= self.policy.redispatch_cap:
-            # The rate cap (a recovery herd after Redis loss): the rest waits for the next round.
+        cap = self.policy.redispatch_cap if self.pace is None else min(self.pace.limit, self.policy.redispatch_cap)
+        if decision.kind == decisions.REDISPATCH and redispatches >= cap:
+            # The rate cap (a recovery herd after Redis loss) or the pacer's: the rest waits for the next round.
             result.skipped += 1
             result.has_more = True
             report.outcome = "deferred"

@@ -83,11 +83,14 @@ def add_recovery_loops(
     has a backlog, at most one period (runtime.yielding).
     """
     from dispatch_app.recovery.loop import RecoveryLoop
+    from dispatch_app.recovery.pacing import Pacer
     from dispatch_app.recovery.policy import resolve
     from dispatch_app.runtime.yielding import YieldingWait
 
     # Resolved before any thread starts: a bad override fails the start, not a loop.
     policies = [resolve(domain, conf.RECOVERY) for domain in domains]
+    pacer = Pacer.from_settings(conf)  # one for the process: one look at new work serves every domain
     for policy in policies:
         waiter = YieldingWait(supervisor.stop, policy.period_seconds) if yield_to_new_work else None
-        supervisor.add_loop(RecoveryLoop(policy, supervisor.stop, waiter=waiter), domain=policy.domain)
+        loop = RecoveryLoop(policy, supervisor.stop, waiter=waiter, pacer=pacer)
+        supervisor.add_loop(loop, domain=policy.domain)

@@ -1,0 +1,161 @@
+"""Recovery's pacing against real PostgreSQL: what it reads of new work's wait, and the cap it puts on a round."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from dispatch_app import submit
+from dispatch_app.conf import dispatch_settings
+from dispatch_app.models import JobEvent
+from dispatch_app.recovery.loop import RecoveryLoop
+from dispatch_app.recovery.pacing import MIN_SAMPLES, QUANTILE, Pacer, Sample, measure
+from dispatch_app.runtime.assembly import add_recovery_loops
+from dispatch_app.runtime.supervisor import Supervisor
+from tests.factories import PAYLOADS
+from tests.integration import provider_kit
+from tests.integration.recovery_helpers import dispatch_now, policy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def provider(tmp_path):
+    yield from provider_kit.installed(tmp_path)
+
+
+def set_attempt_times(job_ids, *, created_ago: float, waits_ms, dispatched_ago: float = 0.5) -> None:
+    """Attempt 1 of each job: committed ``created_ago`` s ago, started ``wait`` ms later (None: not started)."""
+    with connection.cursor() as cursor:
+        for job_id, wait in zip(job_ids, waits_ms, strict=True):
+            cursor.execute(
+                "UPDATE dispatch_app_dispatchenvelope SET created_at = clock_timestamp() - make_interval(secs => %s), "
+                "dispatched_at = clock_timestamp() - make_interval(secs => %s) WHERE job_id = %s AND attempt = 1 "
+                "RETURNING created_at",
+                [created_ago, dispatched_ago, job_id],
+            )
+            (created,) = cursor.fetchone()
+            cursor.execute(
+                "UPDATE dispatch_app_job SET started_at = %s + make_interval(secs => %s::float8 / 1000) WHERE id = %s",
+                [created, wait, job_id],
+            )
+            assert cursor.rowcount == 1
+
+
+def percentile(values: list[float], q: float) -> float:
+    """percentile_cont: linear between the two closest ranks."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def test_measure_reads_the_p90_of_first_attempts_commit_to_start_in_the_window(redis_conn):
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(30)]
+    dispatch_now()
+    waits = [float(i + 1) for i in range(24)]
+    set_attempt_times([j.pk for j in jobs[:24]], created_ago=10.0, waits_ms=waits)
+    # Dispatched before the window: not looked at, however slow.
+    set_attempt_times([j.pk for j in jobs[24:27]], created_ago=100.0, waits_ms=[90_000.0] * 3, dispatched_ago=60.0)
+    # Not dispatched yet (still in the outbox): the dispatcher's wait, not the workers'.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dispatch_app_dispatchenvelope SET status = 'pending', dispatched_at = NULL WHERE job_id = ANY(%s)",
+            [[j.pk for j in jobs[27:]]],
+        )
+
+    sample = measure(5.0)
+
+    assert sample.count == 24
+    assert sample.wait_ms == pytest.approx(percentile(waits, QUANTILE), abs=0.01)
+
+
+def test_a_job_still_waiting_counts_with_its_wait_so_far(redis_conn):
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(10)]
+    dispatch_now()
+    set_attempt_times([j.pk for j in jobs[:8]], created_ago=30.0, waits_ms=[2.0] * 8)
+    set_attempt_times([j.pk for j in jobs[8:]], created_ago=30.0, waits_ms=[None, None])
+
+    sample = measure(5.0)
+
+    assert sample.count == 10
+    # Two of ten still waiting, 30 s so far: the p90 sits between the last start (2 ms) and them.
+    assert 2.0 < sample.wait_ms and sample.wait_ms >= percentile([2.0] * 8 + [30_000.0] * 2, QUANTILE) - 1.0
+
+
+def test_a_slowed_new_work_cuts_the_rounds_redispatches_and_the_round_says_why(redis_conn, provider):
+    jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(8)]
+    dispatch_now()
+    redis_conn.flushdb()  # every job's RQ job is gone: each one is a re-dispatch candidate
+    now = [0.0]
+    pacer = Pacer(
+        window=5.0,
+        tolerance=1.25,
+        slack_ms=2.0,
+        min_share=0.1,
+        measure=lambda window, looks=iter([4.0, 40.0]): Sample(MIN_SAMPLES, next(looks)),
+        clock=lambda: now[0],
+    )
+    pacer.allowance("delivery", 25)  # another domain's loop took the quiet look first
+    now[0] += 5.0
+    loop = RecoveryLoop(
+        policy("workflow", MAX_REDISPATCHES_PER_ROUND=4),
+        threading.Event(),
+        clock=lambda: now[0],
+        redis=redis_conn,
+        provider=provider,
+        pacer=pacer,
+    )
+
+    result = loop.run_once()
+
+    assert (result.scanned, result.redispatched, result.has_more) == (8, 2, True)
+    assert [c.outcome for c in result.candidates].count("deferred") == 6
+    assert "paced to 2 (new work slowed" in result.paced
+    redispatched = JobEvent.objects.filter(kind="recovery_redispatch", job_id__in=[j.pk for j in jobs])
+    assert redispatched.count() == 2
+
+
+def test_rundispatcher_loops_share_one_pacer_and_the_setting_removes_it():
+    conf = dispatch_settings()
+    supervisor = Supervisor(conf, listen=False, dispatch=False)
+    add_recovery_loops(supervisor, conf, ["delivery", "workflow"])
+    pacers = {id(r.loop.pacer) for r in supervisor.runners}
+    assert len(supervisor.runners) == 2 and len(pacers) == 1 and supervisor.runners[0].loop.pacer is not None
+
+    off = dispatch_settings(RECOVERY_PACING=False)
+    supervisor = Supervisor(off, listen=False, dispatch=False)
+    add_recovery_loops(supervisor, off, ["delivery"])
+    assert supervisor.runners[0].loop.pacer is None
+
+
+def test_a_scheduled_job_waits_from_its_due_time_not_from_its_submit(redis_conn):
+    from datetime import timedelta
+
+    prompt = [submit("delivery", PAYLOADS["delivery"]) for _ in range(4)]
+    scheduled = [submit("delivery", PAYLOADS["delivery"], available_at=timedelta(seconds=60)) for _ in range(4)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dispatch_app_dispatchenvelope SET available_at = clock_timestamp() WHERE job_id = ANY(%s)",
+            [[j.pk for j in scheduled]],
+        )
+    dispatch_now()
+    set_attempt_times([j.pk for j in prompt], created_ago=60.0, waits_ms=[3.0] * 4)
+    set_attempt_times([j.pk for j in scheduled], created_ago=60.0, waits_ms=[13.0] * 4)
+    with connection.cursor() as cursor:
+        # Due 10 ms after it was committed (the attempts table keeps the due time the lease overwrote).
+        cursor.execute(
+            "UPDATE dispatch_app_jobattempt a SET due_at = e.created_at + interval '10 milliseconds' "
+            "FROM dispatch_app_dispatchenvelope e "
+            "WHERE e.job_id = a.job_id AND e.attempt = 1 AND a.attempt = 1 AND a.job_id = ANY(%s)",
+            [[j.pk for j in scheduled]],
+        )
+        assert cursor.rowcount == 4
+
+    sample = measure(5.0)
+
+    # From the submit the scheduled ones would read 13 ms (p90 13 ms); from the due time, 3 ms like the others.
+    assert sample.count == 8 and sample.wait_ms == pytest.approx(3.0, abs=0.01)

@@ -1,0 +1,112 @@
+"""The pacer's arithmetic (recovery.pacing.Pacer): halve on slowed new work, grow back, floor, one shared look."""
+
+from __future__ import annotations
+
+from django.db import OperationalError
+
+from dispatch_app.recovery.pacing import INCREASE, MIN_SAMPLES, Pacer, Sample
+
+
+class Looks:
+    """Samples served in order; counts the looks so a test sees them shared."""
+
+    def __init__(self, *waits_ms):
+        self.waits = list(waits_ms)
+        self.calls = 0
+
+    def __call__(self, window: float) -> Sample:
+        self.calls += 1
+        wait = self.waits.pop(0)
+        if isinstance(wait, Exception):
+            raise wait
+        return Sample(MIN_SAMPLES if wait is not None else 0, wait)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pacer(looks, clock=None, **kw) -> Pacer:
+    options = dict(window=5.0, tolerance=1.25, slack_ms=2.0, min_share=0.1)
+    options.update(kw)
+    return Pacer(measure=looks, clock=clock or Clock(), sample_seconds=1.0, **options)
+
+
+def rounds(p: Pacer, clock: Clock, domain: str, cap: int, n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        out.append(p.allowance(domain, cap).limit)
+        clock.now += 1.0
+    return out
+
+
+def test_slowed_new_work_halves_each_round_down_to_the_floor_then_grows_back_by_a_quarter():
+    clock = Clock()
+    # Quiet (the baseline), then slowed for five looks, then quiet again.
+    looks = Looks(4.0, 40.0, 40.0, 40.0, 40.0, 40.0, 4.0, 4.0, 4.0, 4.0, 4.0)
+    p = pacer(looks, clock)
+    assert rounds(p, clock, "delivery", 25, 11) == [25, 12, 6, 3, 3, 3, 8, 15, 21, 25, 25]
+    assert p.baseline_ms == 4.0  # drifted up through the slowed looks, back to the quietest at the first quiet one
+
+
+def test_the_bound_is_tolerance_times_the_quietest_plus_slack():
+    clock = Clock()
+    # The quietest drifts up 1 % per look before it is compared.
+    at_bound = 10.0 * 1.01 * 1.25 + 2.0
+    above_bound = 10.0 * 1.01**2 * 1.25 + 2.0 + 0.01
+    p = pacer(Looks(10.0, at_bound, above_bound), clock)
+    judged = []
+    for _ in range(3):
+        judged.append(p.allowance("d", 20))
+        clock.now += 1
+    assert [a.congested for a in judged] == [False, False, True]
+    assert judged[-1].limit == 10 and "new work slowed" in judged[-1].describe()
+
+
+def test_too_few_first_attempts_is_headroom_and_leaves_the_baseline_alone():
+    clock = Clock()
+    p = pacer(Looks(5.0, None, 100.0), clock)
+    rounds(p, clock, "d", 20, 1)
+    assert p._measure.waits == [None, 100.0]
+    allowed = p.allowance("d", 20)
+    clock.now += 1
+    assert not allowed.congested and allowed.limit == 20 and p.baseline_ms == 5.0
+    assert p.allowance("d", 20).limit == 10
+
+
+def test_one_look_serves_every_domain_within_a_second():
+    clock = Clock()
+    looks = Looks(5.0, 50.0)
+    p = pacer(looks, clock)
+    for domain in ("a", "b", "c", "d", "e"):
+        p.allowance(domain, 25)
+    assert looks.calls == 1
+    clock.now += 1.0
+    limits = [p.allowance(domain, 25).limit for domain in ("a", "b", "c")]
+    assert looks.calls == 2 and limits == [12, 12, 12]
+
+
+def test_a_failed_look_keeps_the_last_judgement():
+    clock = Clock()
+    p = pacer(Looks(5.0, 50.0, OperationalError("server closed the connection")), clock)
+    assert rounds(p, clock, "d", 16, 3) == [16, 8, 4]
+
+
+def test_floor_is_at_least_one_job_and_never_above_a_zero_cap():
+    clock = Clock()
+    p = pacer(Looks(5.0, *[500.0] * 10), clock, min_share=0.0)
+    assert rounds(p, clock, "d", 8, 10)[-1] == 1
+    assert p.allowance("d", 0).limit == 0  # MAX_REDISPATCHES_PER_ROUND = 0: report only, paced or not
+
+
+def test_settings_switch_it_off():
+    from dispatch_app.conf import validate
+
+    assert Pacer.from_settings(validate({"RECOVERY_PACING": False})) is None
+    on = Pacer.from_settings(validate({"RECOVERY_PACE_TOLERANCE": 2, "RECOVERY_PACE_MIN_SHARE": 0.5}))
+    assert (on.tolerance, on.min_share, on.window, on.slack_ms) == (2.0, 0.5, 5.0, 2.0)
+    assert INCREASE == 0.25
