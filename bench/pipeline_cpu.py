@@ -76,12 +76,29 @@ def _result(cpu: dict, producer: dict, jobs: int, done: int, seconds: float) -> 
     return metrics
 
 
+class _Statements:
+    """Counts the bench's own statements (each one an autocommit transaction) to take them off the commits."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.count += 1
+        return execute(sql, params, many, context)
+
+
 def _ours(ctx: Context, kind: str, count: int, per_s: float) -> dict:
+    from django.db import connection
+
+    from bench import pg_work
     from bench.load import Child
 
     env = ctx.env
+    own = _Statements()
     with private_redis(env) as redis_pid:
         env.reset()
+        with connection.cursor() as cursor:
+            pg_work.enable_function_stats(cursor, env.settings_dict["NAME"])
         child = Child(env, {"kind": "dispatch", "listen": True})
         try:
             with Workers(env, kind, ["delivery"], 1) as workers:
@@ -96,12 +113,15 @@ def _ours(ctx: Context, kind: str, count: int, per_s: float) -> dict:
                         components["redis"] = lambda: [redis_pid]
                     meter = CpuMeter(components)
                     meter.snapshot()
+                    with connection.cursor() as cursor:
+                        work_before = pg_work.read(cursor)
                     pids = {"producer": producer.pid, "dispatcher": child.proc.pid, "worker": workers.pids[0]}
                     profilers = [Profiler(pid, f"cpu-{kind}-{name}") for name, pid in pids.items()]
-                    out = producer.run(60 + count / 20, count=count, rate=per_s)
-                    ids = [int(k) for k in out["committed"]]
-                    _wait(lambda: _finished(ids) >= len(ids), 30 + count / 20)
-                    cpu = meter.delta()
+                    with connection.execute_wrapper(own):
+                        out = producer.run(60 + count / 20, count=count, rate=per_s)
+                        ids = [int(k) for k in out["committed"]]
+                        _wait(lambda: _finished(ids) >= len(ids), 30 + count / 20)
+                        cpu = meter.delta()
                     for profiler in profilers:
                         profiler.stop()
                     done = _finished(ids)
@@ -109,11 +129,20 @@ def _ours(ctx: Context, kind: str, count: int, per_s: float) -> dict:
                     producer.stop()
         finally:
             child.stop()
-    return _result(cpu, out, count, done, out["elapsed"])
+        # Every process of the pipeline has exited, so every backend has flushed its counters.
+        with connection.cursor() as cursor:
+            pg_work.wait_backends_gone(cursor)
+            work_after = pg_work.read(cursor)
+    metrics = _result(cpu, out, count, done, out["elapsed"])
+    # +1: the statement after the first reading's commit count (its functions read); the waits' polls come after.
+    metrics.update(pg_work.per_job(work_before, work_after, done, own_commits=own.count + 1))
+    return metrics
 
 
 def _procrastinate(ctx: Context, count: int, per_s: float) -> dict:
     import psycopg
+
+    from bench import pg_work
 
     env = ctx.env
     url, info = env.side_database("procrastinate")
@@ -123,6 +152,8 @@ def _procrastinate(ctx: Context, count: int, per_s: float) -> dict:
         one_shot(["bench.peer_procrastinate", "setup", spec], penv, timeout=120)
         with psycopg.connect(autocommit=True, **info) as conn:
             own = _own_backend(conn.cursor())
+            pg_work.enable_function_stats(conn.cursor(), info["dbname"])
+            polls = [0]
             worker = Proc(["bench.peer_procrastinate", "worker", spec], penv)
             try:
                 producer = Proc(["bench.peer_procrastinate", "producer", spec], penv)
@@ -134,9 +165,11 @@ def _procrastinate(ctx: Context, count: int, per_s: float) -> dict:
                         }
                     )
                     meter.snapshot()
+                    work_before = pg_work.read(conn.cursor())
                     out = producer.run(60 + count / 20, count=count, rate=per_s)
 
                     def done() -> int:
+                        polls[0] += 1
                         return conn.execute(
                             "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
                         ).fetchone()[0]
@@ -148,10 +181,15 @@ def _procrastinate(ctx: Context, count: int, per_s: float) -> dict:
                     producer.stop()
             finally:
                 worker.stop(expect_result=True)
+            pg_work.wait_backends_gone(conn.cursor())
+            work_after = pg_work.read(conn.cursor())
     finally:
         env.drop_side_database(url)
     out.setdefault("elapsed", count / per_s)
-    return _result(cpu, out, count, finished, out["elapsed"])
+    metrics = _result(cpu, out, count, finished, out["elapsed"])
+    # The meter's backend lookups and the done() polls are this process's own transactions.
+    metrics.update(pg_work.per_job(work_before, work_after, finished, own_commits=polls[0] + 2))
+    return metrics
 
 
 def _submit(ctx: Context, mode: str, count: int) -> dict:

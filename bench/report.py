@@ -155,6 +155,41 @@ def peers_detail(records: list[dict]) -> str:
     return "\n".join(out)
 
 
+PG_WORK = (
+    ("commits", "pg_commits_per_job"),
+    ("writing transactions", "pg_writing_xacts_per_job"),
+    ("rows inserted", "pg_rows_inserted_per_job"),
+    ("rows updated", "pg_rows_updated_per_job"),
+    ("of which HOT", "pg_rows_hot_updated_per_job"),
+    ("rows deleted", "pg_rows_deleted_per_job"),
+    ("index entries (at most)", "pg_index_entries_max_per_job"),
+    ("trigger function calls", "pg_trigger_calls_per_job"),
+    ("WAL bytes", "pg_wal_bytes_per_job"),
+)
+
+
+def pg_work_detail(records: list[dict]) -> str:
+    """pipeline-cpu: PostgreSQL's work per job (bench.pg_work), one column per pipeline, then per table."""
+    rows = [r for r in records if r["scenario"] == "pipeline-cpu" and "pg_commits_per_job" in r["metrics"]]
+    if not rows:
+        return ""
+    out = ["| per job | " + " | ".join(r["variant"] for r in rows) + " |", "|---|" + "---:|" * len(rows)]
+    for label, key in PG_WORK:
+        out.append(f"| {label} | " + " | ".join(fmt(r["metrics"].get(key)) for r in rows) + " |")
+    for rec in rows:
+        tables = rec["metrics"].get("pg_tables") or {}
+        functions = rec["metrics"].get("pg_functions") or {}
+        out += ["", f"{rec['variant']}, per table (ins / upd / HOT / del / index entries at most per job):", ""]
+        for name, t in sorted(tables.items()):
+            out.append(
+                f"- {name}: {t['inserted']:.2f} / {t['updated']:.2f} / {t['hot_updated']:.2f} / "
+                f"{t['deleted']:.2f} / {t['index_entries_max']:.2f}"
+            )
+        if functions:
+            out.append("- trigger functions: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(functions.items())))
+    return "\n".join(out)
+
+
 def write_markdown(records: list[dict], out: Path, header: dict) -> Path:
     """results.md: every scenario's headline table, for docs/benchmarks.md."""
     machine = header.get("machine", {})
@@ -170,6 +205,8 @@ def write_markdown(records: list[dict], out: Path, header: dict) -> Path:
         lines += ["", f"### {scenario}", "", markdown_table(records, scenario)]
         if scenario == "peers":
             lines += ["", peers_detail(records)]
+        if scenario == "pipeline-cpu" and pg_work_detail(records):
+            lines += ["", pg_work_detail(records)]
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -15,8 +15,8 @@ that became heavier for good is accepted within minutes):
 
 - above ``baseline x RECOVERY_PACE_TOLERANCE + RECOVERY_PACE_SLACK_MS``: new
   work is being slowed, and the domain's share of its per-round cap is halved;
-- otherwise (or with too little new work to judge): the share grows by a
-  quarter of the cap per round, back to the whole cap.
+- otherwise (or with too little new work to judge): the share grows back by
+  5 % of the cap per second since the domain's last round, to the whole cap.
 
 The share never falls below ``RECOVERY_PACE_MIN_SHARE`` of the cap (at least one
 job): under saturation recovery still re-dispatches that much per round, and
@@ -47,8 +47,10 @@ MIN_SAMPLES = 20
 SAMPLE_SECONDS = 1.0
 # The baseline rises this much per look, so a lasting heavier load stops reading as congestion.
 BASELINE_DRIFT = 0.01
-# A round without congestion gives back this share of the cap.
-INCREASE = 0.25
+# Without congestion the share grows back by this much of the cap per second (floor to whole in ~18 s),
+# whatever the loop's period: a round per second must not ramp back faster than the window can show
+# what the last increase did, and a round per 30 s is back at its cap at once.
+GROWTH_PER_SECOND = 0.05
 
 # First attempts whose envelope was marked dispatched within the window (index envelope_status_dispatched),
 # with their job's start: the attempts table has no row for a job still waiting, the job row has. Its due
@@ -124,7 +126,7 @@ class Pacer:
         self._sampled_at: float | None = None
         self._congested = False
         self.baseline_ms: float | None = None
-        self._shares: dict[str, float] = {}
+        self._shares: dict[str, tuple[float, float]] = {}  # domain -> (share of its cap, when last set)
 
     @classmethod
     def from_settings(cls, conf) -> Pacer | None:
@@ -172,8 +174,12 @@ class Pacer:
         sample, congested = self._look()
         floor = min(cap, max(1, math.ceil(cap * self.min_share)))
         with self._lock:
-            share = self._shares.get(domain, 1.0)
-            share = max(self.min_share, share / 2) if congested else min(1.0, share + INCREASE)
-            self._shares[domain] = share
+            now = self.clock()
+            share, since = self._shares.get(domain, (1.0, now))
+            if congested:
+                share = max(self.min_share, share / 2)
+            else:
+                share = min(1.0, share + GROWTH_PER_SECOND * max(0.0, now - since))
+            self._shares[domain] = (share, now)
         limit = max(floor, min(cap, math.floor(cap * share)))
         return Allowance(limit, congested, None if sample is None else sample.wait_ms, self.baseline_ms)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import OperationalError
 
-from dispatch_app.recovery.pacing import INCREASE, MIN_SAMPLES, Pacer, Sample
+from dispatch_app.recovery.pacing import GROWTH_PER_SECOND, MIN_SAMPLES, Pacer, Sample
 
 
 class Looks:
@@ -44,12 +44,12 @@ def rounds(p: Pacer, clock: Clock, domain: str, cap: int, n: int) -> list[int]:
     return out
 
 
-def test_slowed_new_work_halves_each_round_down_to_the_floor_then_grows_back_by_a_quarter():
+def test_slowed_new_work_halves_each_round_down_to_the_floor_then_grows_back_by_time():
     clock = Clock()
     # Quiet (the baseline), then slowed for five looks, then quiet again.
     looks = Looks(4.0, 40.0, 40.0, 40.0, 40.0, 40.0, 4.0, 4.0, 4.0, 4.0, 4.0)
     p = pacer(looks, clock)
-    assert rounds(p, clock, "delivery", 25, 11) == [25, 12, 6, 3, 3, 3, 8, 15, 21, 25, 25]
+    assert rounds(p, clock, "delivery", 25, 11) == [25, 12, 6, 3, 3, 3, 3, 5, 6, 7, 8]
     assert p.baseline_ms == 4.0  # drifted up through the slowed looks, back to the quietest at the first quiet one
 
 
@@ -109,4 +109,13 @@ def test_settings_switch_it_off():
     assert Pacer.from_settings(validate({"RECOVERY_PACING": False})) is None
     on = Pacer.from_settings(validate({"RECOVERY_PACE_TOLERANCE": 2, "RECOVERY_PACE_MIN_SHARE": 0.5}))
     assert (on.tolerance, on.min_share, on.window, on.slack_ms) == (2.0, 0.5, 5.0, 2.0)
-    assert INCREASE == 0.25
+
+
+def test_the_share_grows_back_by_the_seconds_since_the_last_round_not_by_rounds():
+    clock = Clock()
+    p = pacer(Looks(5.0, 50.0, 50.0, 5.0, 5.0), clock)
+    assert rounds(p, clock, "fast", 20, 3) == [20, 10, 5]  # a round per second, slowed twice: a quarter
+    clock.now += 9.0  # ten seconds after its last round (a loop with a 10 s period, or a round skipped)
+    assert p.allowance("fast", 20).limit == round(20 * (0.25 + GROWTH_PER_SECOND * 10)) == 15
+    clock.now += 30.0
+    assert p.allowance("fast", 20).limit == 20
