@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops import actions, alarms, blockers, rqside, stats
+from dispatch_app.ops import actions, alarms, blockers, coverage, rqside, stats
 from dispatch_app.rqworker import admission
 
 ATTEMPT = "dispatch_app_jobattempt"
@@ -139,15 +139,19 @@ def banners(data: dict) -> list[dict]:
     live = [p for p in data["dispatchers"] if not p["stale"]]
     if not live:
         add("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
+    coverage.mark(data["dispatchers"])
     for p in data["dispatchers"]:
         if p["stale"]:
-            # A process gone silent (killed, host lost) stays listed until retention forgets it: amber, since
-            # "no live dispatcher" above is the red one when nothing replaced it.
-            add(
-                "warning",
-                "stale-process",
-                f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without notice?).",
-            )
+            # A process gone silent (killed, host lost) stays listed until retention forgets it, but its banner
+            # only while some loop it ran runs nowhere live (ops.coverage): amber, since "no live dispatcher"
+            # above is the red one when nothing replaced it.
+            if p["uncovered"]:
+                add(
+                    "warning",
+                    "stale-process",
+                    f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without "
+                    f"notice?); no live dispatcher runs: {', '.join(p['uncovered'])}.",
+                )
             continue
         for loop in p["loops"]:
             if loop["stale"]:

@@ -193,7 +193,7 @@ def dispatchers(cursor, stale_seconds: float) -> list[dict]:
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)
         SELECT p.id, p.name, p.session, p.hostname, p.pid, extract(epoch FROM t.now - p.started_at),
-               extract(epoch FROM t.now - p.last_seen_at),
+               extract(epoch FROM t.now - p.last_seen_at), extract(epoch FROM p.last_seen_at - p.started_at),
                h.loop, extract(epoch FROM t.now - h.last_tick_at), h.errors, h.last_error,
                extract(epoch FROM t.now - h.last_error_at)
         FROM {PROCESS} p CROSS JOIN t
@@ -205,19 +205,21 @@ def dispatchers(cursor, stale_seconds: float) -> list[dict]:
     rows = cursor.fetchall()
     sessions = liveness.live_tags(cursor, {row[2] for row in rows if row[2]})
     out: dict[int, dict] = {}
-    for pid_, name, tag, host, pid, up, seen, loop, tick, errors, last_error, error_age in rows:
+    for pid_, name, tag, host, pid, up, seen, lived, loop, tick, errors, last_error, error_age in rows:
         # None: it names no session (not connected yet, an older version): its heartbeat alone tells.
         session = (tag in sessions) if tag else None
+        stale = float(seen) > stale_seconds or session is False
         process = out.setdefault(
             pid_,
             {
                 "name": name,
                 "hostname": host,
                 "pid": pid,
-                "uptime": _num(up, 3),
+                # A dead process was up until its last heartbeat: its uptime stops there, it does not count on.
+                "uptime": _num(max(float(lived), 0.0) if stale else up, 3),
                 "last_seen_age": _num(seen, 3),
                 "session_alive": session,
-                "stale": float(seen) > stale_seconds or session is False,
+                "stale": stale,
                 "loops": [],
             },
         )
