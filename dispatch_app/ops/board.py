@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops import actions, alarms, blockers, coverage, rqside, stats
+from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, stats
 from dispatch_app.rqworker import admission
 
 ATTEMPT = "dispatch_app_jobattempt"
@@ -172,6 +172,7 @@ def banners(data: dict) -> list[dict]:
     rq = data["rq"]
     if rq["error"]:
         add("error", "redis", f"Redis cannot be read: {rq['error']}.")
+    out.extend(outbox_alarm.banners(data.get("outbox_alarms") or {}, _dur))
     for domain, d in data["domains"].items():
         r = d.get("rq") or {}
         queued = d["backlog"].get("queued", 0)
@@ -217,7 +218,9 @@ def banners(data: dict) -> list[dict]:
             "paused",
             f"{domain}: dispatch paused {_ago(p['age'])} by {p['paused_by']}"
             + (f" ({p['reason']})" if p["reason"] else "")
-            + "; its envelopes stay pending.",
+            + "; its envelopes stay pending"
+            + outbox_alarm.paused_note((data.get("outbox_alarms") or {}).get(domain), _dur)
+            + ".",
         )
     return out
 
@@ -255,6 +258,7 @@ def build(*, redis_conn=None) -> dict:
         by_worker = alarms.worker_outcomes(cursor)
         running = blockers.running_workers(cursor)
         waits = blockers.domain_waits(cursor)
+        due_waits = outbox_alarm.judge(outbox_alarm.oldest_due(cursor), paused, conf.OUTBOX_AGE_ALARM_SECONDS)
     from dispatch_app.recovery.policy import resolve_all
 
     policies = resolve_all(conf.RECOVERY)
@@ -267,12 +271,14 @@ def build(*, redis_conn=None) -> dict:
         d["chart"] = series.get(domain, [])
         d["paused"] = paused.get(domain)
         d["waits"] = waits.get(domain, {"not_due": 0, "leased": 0, "next_due_in": None})
+        d["outbox_due"] = due_waits.get(domain)
     for w in rq["workers"]:
         # The jobs it ran, as PostgreSQL recorded their end (RQ counts a business failure as a success).
         w["jobs_1h"] = by_worker.get(w["name"], {"succeeded": 0, "failed": 0})
     snap["rq"] = rq
     snap["paused"] = paused
     snap["failure_alarms"] = failure_alarms
+    snap["outbox_alarms"] = due_waits
     snap["running_workers"] = running
     snap["prefetched_by_dead"] = blockers.prefetched_by_dead(snap["domains"], rq)
     snap["refused"] = admission.totals(redis_conn)
