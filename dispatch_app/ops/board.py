@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, stats
+from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, sections, stats
 from dispatch_app.rqworker import admission
 
 ATTEMPT = "dispatch_app_jobattempt"
@@ -136,11 +136,13 @@ def banners(data: dict) -> list[dict]:
     def add(level: str, key: str, text: str, link: str = "") -> None:
         out.append({"level": level, "key": key, "text": text, "link": link})
 
-    live = [p for p in data["dispatchers"] if not p["stale"]]
-    if not live:
+    # None: not read (a "cannot be read" banner says so), which is not "no dispatcher".
+    processes = data["dispatchers"] if data["dispatchers"] is not None else []
+    live = [p for p in processes if not p["stale"]]
+    if not live and data["dispatchers"] is not None:
         add("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
-    coverage.mark(data["dispatchers"])
-    for p in data["dispatchers"]:
+    coverage.mark(processes)
+    for p in processes:
         if p["stale"]:
             # A process gone silent (killed, host lost) stays listed until retention forgets it, but its banner
             # only while some loop it ran runs nowhere live (ops.coverage): amber, since "no live dispatcher"
@@ -175,7 +177,7 @@ def banners(data: dict) -> list[dict]:
     out.extend(outbox_alarm.banners(data.get("outbox_alarms") or {}, _dur))
     for domain, d in data["domains"].items():
         r = d.get("rq") or {}
-        queued = d["backlog"].get("queued", 0)
+        queued = d["backlog"].get("queued") or 0
         if (r.get("depth") or queued) and r.get("live_workers") == 0 and not rq["error"]:
             add(
                 "error",
@@ -240,26 +242,30 @@ def _ago(seconds) -> str:
     return "never" if seconds is None else f"{_dur(seconds)} ago"
 
 
+RQ_NOT_READ = {"error": "", "queues": {}, "workers": [], "domains": {}}
+
+
 def build(*, redis_conn=None) -> dict:
-    """Everything the dashboard shows, JSON-ready."""
-    from django.db import connection
-
-    snap = stats.snapshot()
-    rq = rqside.snapshot(redis_conn)
-    with connection.cursor() as cursor:
-        fails = failures(cursor)
-        rates = activity(cursor)
-        series = charts(cursor)
-        paused = actions.paused_domains(cursor)
-        from dispatch_app.conf import dispatch_settings
-
-        conf = dispatch_settings()
-        failure_alarms = alarms.failure_rates(cursor, conf)
-        by_worker = alarms.worker_outcomes(cursor)
-        running = blockers.running_workers(cursor)
-        waits = blockers.domain_waits(cursor)
-        due_waits = outbox_alarm.judge(outbox_alarm.oldest_due(cursor), paused, conf.OUTBOX_AGE_ALARM_SECONDS)
+    """Everything the dashboard shows, JSON-ready. Each PostgreSQL read is a bounded section (ops.sections):
+    one that fails or runs out of time is unknown on the page and named in a banner, and the rest still reads."""
+    from dispatch_app.conf import dispatch_settings
     from dispatch_app.recovery.policy import resolve_all
+
+    conf = dispatch_settings()
+    parts = sections.Sections(conf.DASHBOARD_STATEMENT_TIMEOUT)
+    read = parts.read
+    snap = stats.snapshot(read=read)
+    rq = read("rq", lambda _: rqside.snapshot(redis_conn), dict(RQ_NOT_READ))
+    fails = read("failures", failures, {})
+    rates = read("activity", activity, {})
+    series = read("charts", charts, {})
+    paused = read("paused", actions.paused_domains, {})
+    failure_alarms = read("failure_alarms", lambda c: alarms.failure_rates(c, conf), {})
+    by_worker = read("worker_outcomes", alarms.worker_outcomes, {})
+    running = read("running_workers", blockers.running_workers, [])
+    waits = read("waits", blockers.domain_waits, {})
+    oldest_due = read("outbox_due", outbox_alarm.oldest_due, {})
+    due_waits = outbox_alarm.judge(oldest_due, paused, conf.OUTBOX_AGE_ALARM_SECONDS)
 
     policies = resolve_all(conf.RECOVERY)
     for domain, d in snap["domains"].items():
@@ -280,7 +286,8 @@ def build(*, redis_conn=None) -> dict:
     snap["failure_alarms"] = failure_alarms
     snap["outbox_alarms"] = due_waits
     snap["running_workers"] = running
-    snap["prefetched_by_dead"] = blockers.prefetched_by_dead(snap["domains"], rq)
+    snap["prefetched_by_dead"] = read("prefetched", lambda _: blockers.prefetched_by_dead(snap["domains"], rq), [])
     snap["refused"] = admission.totals(redis_conn)
-    snap["banners"] = banners(snap)
+    snap["unreadable"] = parts.unreadable
+    snap["banners"] = sections.banners(parts.unreadable, conf.DASHBOARD_STATEMENT_TIMEOUT) + banners(snap)
     return snap
