@@ -242,3 +242,18 @@ def test_most_sections_unreadable_still_render_with_unknowns(operator, redis_con
     assert "PostgreSQL: jobs by status cannot be read" in live and "PostgreSQL: the per-domain charts cannot" in live
     row = live.split('id="pf-domain-delivery"')[1].split("</tr>")[0]
     assert row.count("–</a>") == 3  # submitted / queued / running: unknown, not 0
+
+
+@pytest.mark.django_db
+def test_dispatchstats_prints_unknowns_and_names_the_unreadable_sections(redis_conn):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    with table_locked("dispatch_app_jobattempt"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.1}):
+        with table_locked("dispatch_app_dispatcherprocess"):
+            call_command("dispatchstats", stdout=out)
+    text = out.getvalue()
+    assert "ERROR: PostgreSQL: jobs by status cannot be read" in text
+    assert "\ndispatchers\n  unreadable" in text and "TOTAL" in text
