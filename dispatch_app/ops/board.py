@@ -152,7 +152,12 @@ def banners(data: dict) -> list[dict]:
                     "warning",
                     "stale-process",
                     f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without "
-                    f"notice?); no live dispatcher runs: {', '.join(p['uncovered'])}.",
+                    "notice?); "
+                    + (
+                        f"no live dispatcher runs: {', '.join(p['uncovered'])}."
+                        if live
+                        else "none is live to take over."
+                    ),
                 )
             continue
         for loop in p["loops"]:

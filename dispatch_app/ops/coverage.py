@@ -32,7 +32,7 @@ def running(processes: list[dict]) -> set[str]:
 def uncovered(process: dict, processes: list[dict]) -> list[str]:
     """The duty loops of (dead) ``process`` no live dispatcher runs now; [] = fully replaced."""
     if not any(not p["stale"] for p in processes):
-        return sorted(duties(process)) or ["every loop (no live dispatcher)"]
+        return sorted(duties(process)) or ["its loops"]
     return sorted(duties(process) - running(processes))
 
 
