@@ -181,6 +181,14 @@ SPECS: dict[str, _Spec] = {
     "FAILURE_ALARM_MIN_ENDED": _Spec(
         5, int, 1, 1_000_000, "jobs that must have ended in the window before the failure alarm can fire"
     ),
+    # The dashboard's outbox-age alarm (dispatch_app.ops.outbox_alarm): a red banner per domain.
+    "OUTBOX_AGE_ALARM_SECONDS": _Spec(
+        30.0, float, 1, 86_400, "a domain's oldest due, undispatched envelope waiting longer raises its alarm (s)"
+    ),
+    # Each section of the dashboard reads PostgreSQL under this statement timeout (dispatch_app.ops.sections).
+    "DASHBOARD_STATEMENT_TIMEOUT": _Spec(
+        5.0, float, 0.01, 300, "longest one dashboard section may wait on PostgreSQL before it reads unreadable (s)"
+    ),
 }
 
 
@@ -230,6 +238,8 @@ class DispatchSettings:
     FAILURE_ALARM_RATE: float
     FAILURE_ALARM_WINDOW: float
     FAILURE_ALARM_MIN_ENDED: int
+    OUTBOX_AGE_ALARM_SECONDS: float
+    DASHBOARD_STATEMENT_TIMEOUT: float
 
 
 def _coerce(key: str, value: Any, spec: _Spec) -> Any:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin, messages
 from django.db import connection
+from django.db.models import F, IntegerField
+from django.db.models.expressions import RawSQL
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -27,12 +31,32 @@ from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.admin.untrusted import parse_id, parse_ids
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops import actions, blockers, confirm_warnings, rqjobs, stats, timeline
+from dispatch_app.ops import actions, blockers, confirm_warnings, queue_order, rqjobs, stats, timeline
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 
 # Bulk retries list every job on the confirmation page; more than this is refused (narrow the filter).
 RETRY_CONFIRM_MAX = 5000
+
+
+def _in_line(request) -> bool:
+    """The list shows jobs waiting in RQ: sort them by their place in line."""
+    return request.GET.get("stage") == "rq" or request.GET.get("status__exact") == "queued"
+
+
+def _queue_position(request) -> RawSQL:
+    """SQL: the job's current attempt's place in line, read from Redis once per request (NULL: none found).
+
+    A jsonb object lookup (a binary search over its keys) per row, not an array scan: the order is up to
+    ``queue_order.ORDER_MAX`` ids per lane."""
+    if not hasattr(request, "_pf_queue_positions"):
+        domain = request.GET.get("domain__exact")
+        request._pf_queue_positions = queue_order.positions([domain] if domain else None)[0]
+    return RawSQL(
+        "(%s::jsonb ->> (dispatch_app_job.id::text || '-' || dispatch_app_job.attempt::text))::int",
+        [json.dumps(request._pf_queue_positions)],
+        output_field=IntegerField(),
+    )
 
 
 @admin.register(Job)
@@ -74,14 +98,17 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
     def get_queryset(self, request):
         # The stage columns are the current attempt's (dispatch_app.stages), fetched with the page.
         qs = super().get_queryset(request).annotate(_age=since("submitted_at"), _updated=since("updated_at"))
-        return stages.annotate_current(qs)
+        qs = stages.annotate_current(qs)
+        if _in_line(request):
+            qs = qs.annotate(_queue_pos=_queue_position(request))
+        return qs
 
     def get_ordering(self, request):
-        # Jobs waiting in RQ: the queue's head first, not the newest, so "who is next" is on page 1. First dispatch
-        # order approximates queue order (a re-dispatched job, a recovery lane, can differ: the RQ side column
-        # gives each job's exact position). Elsewhere newest first.
-        if request.GET.get("stage") == "rq" or request.GET.get("status__exact") == "queued":
-            return ("dispatched_at", "id")
+        # Jobs waiting in RQ: in the order workers will take them (ops.queue_order: the new lane, then the
+        # recovery lane, each from its head), so "who is next" is on page 1; jobs with no place read in Redis
+        # (prefetched, too far back, unreadable) after them by dispatch time. Elsewhere newest first.
+        if _in_line(request):
+            return (F("_queue_pos").asc(nulls_last=True), "dispatched_at", "id")
         return super().get_ordering(request)
 
     def get_search_results(self, request, queryset, search_term):

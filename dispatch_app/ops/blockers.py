@@ -213,7 +213,7 @@ def prefetched_by_dead(domains: dict, rq: dict) -> list[dict]:
     out = []
     for domain, d in domains.items():
         queue = d.get("rq") or {}
-        queued = (d.get("backlog") or {}).get("queued", 0)
+        queued = (d.get("backlog") or {}).get("queued") or 0  # None: not read
         if not queue or queued <= (queue.get("depth") or 0):
             continue
         jobs = list(Job.objects.filter(domain=domain, status="queued").order_by("dispatched_at", "id")[:PREFETCH_SCAN])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops import actions, alarms, blockers, rqside, stats
+from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, sections, stats
 from dispatch_app.rqworker import admission
 
 ATTEMPT = "dispatch_app_jobattempt"
@@ -136,18 +136,29 @@ def banners(data: dict) -> list[dict]:
     def add(level: str, key: str, text: str, link: str = "") -> None:
         out.append({"level": level, "key": key, "text": text, "link": link})
 
-    live = [p for p in data["dispatchers"] if not p["stale"]]
-    if not live:
+    # None: not read (a "cannot be read" banner says so), which is not "no dispatcher".
+    processes = data["dispatchers"] if data["dispatchers"] is not None else []
+    live = [p for p in processes if not p["stale"]]
+    if not live and data["dispatchers"] is not None:
         add("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
-    for p in data["dispatchers"]:
+    coverage.mark(processes)
+    for p in processes:
         if p["stale"]:
-            # A process gone silent (killed, host lost) stays listed until retention forgets it: amber, since
-            # "no live dispatcher" above is the red one when nothing replaced it.
-            add(
-                "warning",
-                "stale-process",
-                f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without notice?).",
-            )
+            # A process gone silent (killed, host lost) stays listed until retention forgets it, but its banner
+            # only while some loop it ran runs nowhere live (ops.coverage): amber, since "no live dispatcher"
+            # above is the red one when nothing replaced it.
+            if p["uncovered"]:
+                add(
+                    "warning",
+                    "stale-process",
+                    f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without "
+                    "notice?); "
+                    + (
+                        f"no live dispatcher runs: {', '.join(p['uncovered'])}."
+                        if live
+                        else "none is live to take over."
+                    ),
+                )
             continue
         for loop in p["loops"]:
             if loop["stale"]:
@@ -168,9 +179,10 @@ def banners(data: dict) -> list[dict]:
     rq = data["rq"]
     if rq["error"]:
         add("error", "redis", f"Redis cannot be read: {rq['error']}.")
+    out.extend(outbox_alarm.banners(data.get("outbox_alarms") or {}, _dur))
     for domain, d in data["domains"].items():
         r = d.get("rq") or {}
-        queued = d["backlog"].get("queued", 0)
+        queued = d["backlog"].get("queued") or 0
         if (r.get("depth") or queued) and r.get("live_workers") == 0 and not rq["error"]:
             add(
                 "error",
@@ -213,7 +225,9 @@ def banners(data: dict) -> list[dict]:
             "paused",
             f"{domain}: dispatch paused {_ago(p['age'])} by {p['paused_by']}"
             + (f" ({p['reason']})" if p["reason"] else "")
-            + "; its envelopes stay pending.",
+            + "; its envelopes stay pending"
+            + outbox_alarm.paused_note((data.get("outbox_alarms") or {}).get(domain), _dur)
+            + ".",
         )
     return out
 
@@ -233,25 +247,30 @@ def _ago(seconds) -> str:
     return "never" if seconds is None else f"{_dur(seconds)} ago"
 
 
+RQ_NOT_READ = {"error": "", "queues": {}, "workers": [], "domains": {}}
+
+
 def build(*, redis_conn=None) -> dict:
-    """Everything the dashboard shows, JSON-ready."""
-    from django.db import connection
-
-    snap = stats.snapshot()
-    rq = rqside.snapshot(redis_conn)
-    with connection.cursor() as cursor:
-        fails = failures(cursor)
-        rates = activity(cursor)
-        series = charts(cursor)
-        paused = actions.paused_domains(cursor)
-        from dispatch_app.conf import dispatch_settings
-
-        conf = dispatch_settings()
-        failure_alarms = alarms.failure_rates(cursor, conf)
-        by_worker = alarms.worker_outcomes(cursor)
-        running = blockers.running_workers(cursor)
-        waits = blockers.domain_waits(cursor)
+    """Everything the dashboard shows, JSON-ready. Each PostgreSQL read is a bounded section (ops.sections):
+    one that fails or runs out of time is unknown on the page and named in a banner, and the rest still reads."""
+    from dispatch_app.conf import dispatch_settings
     from dispatch_app.recovery.policy import resolve_all
+
+    conf = dispatch_settings()
+    parts = sections.Sections(conf.DASHBOARD_STATEMENT_TIMEOUT)
+    read = parts.read
+    snap = stats.snapshot(read=read)
+    rq = read("rq", lambda _: rqside.snapshot(redis_conn), dict(RQ_NOT_READ))
+    fails = read("failures", failures, {})
+    rates = read("activity", activity, {})
+    series = read("charts", charts, {})
+    paused = read("paused", actions.paused_domains, {})
+    failure_alarms = read("failure_alarms", lambda c: alarms.failure_rates(c, conf), {})
+    by_worker = read("worker_outcomes", alarms.worker_outcomes, {})
+    running = read("running_workers", blockers.running_workers, [])
+    waits = read("waits", blockers.domain_waits, {})
+    oldest_due = read("outbox_due", outbox_alarm.oldest_due, {})
+    due_waits = outbox_alarm.judge(oldest_due, paused, conf.OUTBOX_AGE_ALARM_SECONDS)
 
     policies = resolve_all(conf.RECOVERY)
     for domain, d in snap["domains"].items():
@@ -263,14 +282,17 @@ def build(*, redis_conn=None) -> dict:
         d["chart"] = series.get(domain, [])
         d["paused"] = paused.get(domain)
         d["waits"] = waits.get(domain, {"not_due": 0, "leased": 0, "next_due_in": None})
+        d["outbox_due"] = due_waits.get(domain)
     for w in rq["workers"]:
         # The jobs it ran, as PostgreSQL recorded their end (RQ counts a business failure as a success).
         w["jobs_1h"] = by_worker.get(w["name"], {"succeeded": 0, "failed": 0})
     snap["rq"] = rq
     snap["paused"] = paused
     snap["failure_alarms"] = failure_alarms
+    snap["outbox_alarms"] = due_waits
     snap["running_workers"] = running
-    snap["prefetched_by_dead"] = blockers.prefetched_by_dead(snap["domains"], rq)
+    snap["prefetched_by_dead"] = read("prefetched", lambda _: blockers.prefetched_by_dead(snap["domains"], rq), [])
     snap["refused"] = admission.totals(redis_conn)
-    snap["banners"] = banners(snap)
+    snap["unreadable"] = parts.unreadable
+    snap["banners"] = sections.banners(parts.unreadable, conf.DASHBOARD_STATEMENT_TIMEOUT) + banners(snap)
     return snap

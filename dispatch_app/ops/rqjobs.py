@@ -92,7 +92,11 @@ def describe(status: str, state: rqside.JobRQState | None, *, fmt_instant) -> tu
         workers = f"{live} live worker{'s' if live != 1 else ''}"
         lane = ""
         if state.behind_new is not None:
-            lane = f" (recovery lane: taken after the {state.behind_new} new job(s) waiting)"
+            # Its place in line across the lanes: how the RQ-stage list sorts (ops.queue_order).
+            lane = (
+                f" (recovery lane: taken after the {state.behind_new} new job(s) waiting: "
+                f"#{state.behind_new + state.position} in line)"
+            )
         return f"#{state.position} of {state.depth} in {state.queue}{lane}, {workers}", not live
     if state.in_redis:
         return f"RQ job {state.rq_status or '?'}", False

@@ -29,11 +29,10 @@ Definitions (docs/operations.md repeats them for operators):
 
 from __future__ import annotations
 
-from django.db import connection
-
 from dispatch_app import liveness, stages
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
+from dispatch_app.ops import sections
 
 ENVELOPE = "dispatch_app_dispatchenvelope"
 JOB = "dispatch_app_job"
@@ -193,7 +192,7 @@ def dispatchers(cursor, stale_seconds: float) -> list[dict]:
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)
         SELECT p.id, p.name, p.session, p.hostname, p.pid, extract(epoch FROM t.now - p.started_at),
-               extract(epoch FROM t.now - p.last_seen_at),
+               extract(epoch FROM t.now - p.last_seen_at), extract(epoch FROM p.last_seen_at - p.started_at),
                h.loop, extract(epoch FROM t.now - h.last_tick_at), h.errors, h.last_error,
                extract(epoch FROM t.now - h.last_error_at)
         FROM {PROCESS} p CROSS JOIN t
@@ -205,19 +204,21 @@ def dispatchers(cursor, stale_seconds: float) -> list[dict]:
     rows = cursor.fetchall()
     sessions = liveness.live_tags(cursor, {row[2] for row in rows if row[2]})
     out: dict[int, dict] = {}
-    for pid_, name, tag, host, pid, up, seen, loop, tick, errors, last_error, error_age in rows:
+    for pid_, name, tag, host, pid, up, seen, lived, loop, tick, errors, last_error, error_age in rows:
         # None: it names no session (not connected yet, an older version): its heartbeat alone tells.
         session = (tag in sessions) if tag else None
+        stale = float(seen) > stale_seconds or session is False
         process = out.setdefault(
             pid_,
             {
                 "name": name,
                 "hostname": host,
                 "pid": pid,
-                "uptime": _num(up, 3),
+                # A dead process was up until its last heartbeat: its uptime stops there, it does not count on.
+                "uptime": _num(max(float(lived), 0.0) if stale else up, 3),
                 "last_seen_age": _num(seen, 3),
                 "session_alive": session,
-                "stale": float(seen) > stale_seconds or session is False,
+                "stale": stale,
                 "loops": [],
             },
         )
@@ -250,46 +251,70 @@ def notification_queue_usage(cursor) -> float:
     return float(cursor.fetchone()[0])
 
 
-def snapshot(*, stale_seconds: float | None = None, rounds: int = 5, chart_minutes: int = 60) -> dict:
-    """Everything the dashboard and ``dispatchstats`` show, as JSON-ready data."""
+def _clock(cursor):
+    cursor.execute("SELECT clock_timestamp()")
+    return cursor.fetchone()[0]
+
+
+# What a section that could not be read leaves in the snapshot: unknown (None, shown "–"), never a zero.
+UNKNOWN_BACKLOG = dict.fromkeys(ACTIVE_STATUSES)
+UNKNOWN_ENVELOPES = {"pending": None, "due": None, "dead": None, "oldest_pending_age": None}
+UNKNOWN_RECOVERY = {"rounds": [], "effective_rate": None, "scanned_last_hour": None}
+
+
+def _total(values):
+    """A sum over domains, or None when any domain's value is unknown."""
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
+
+
+def snapshot(*, stale_seconds: float | None = None, rounds: int = 5, chart_minutes: int = 60, read=None) -> dict:
+    """Everything the dashboard and ``dispatchstats`` show, as JSON-ready data.
+
+    ``read(name, fn, fallback)`` runs each part (``ops.sections``: the dashboard bounds each one and notes the
+    unreadable ones); by default each runs as it is. A part that could not be read is None (unknown) in the
+    result: ``dispatchers`` None is "not read", not "no dispatcher".
+    """
+    read = read or sections.direct
     if stale_seconds is None:
         from dispatch_app.conf import dispatch_settings
 
         stale_seconds = dispatch_settings().HEARTBEAT_STALE_SECONDS
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        generated_at = cursor.fetchone()[0]
-        jobs = job_summary(cursor)
-        envelopes = envelope_summary(cursor)
-        # Registered domains first, then any other domain that still has rows (no longer registered).
-        known = [*domain_keys(), *sorted((set(jobs) | set(envelopes)) - set(domain_keys()))]
-        recovery = recovery_summary(cursor, known, rounds=rounds)
-        latency = latency_summary(cursor, domains=known)
-        chart = throughput(cursor, chart_minutes)
-        processes = dispatchers(cursor, stale_seconds)
-        queue_usage = notification_queue_usage(cursor)
+    generated_at = read("clock", _clock)
+    jobs = read("jobs", job_summary)
+    envelopes = read("envelopes", envelope_summary)
+    # Registered domains first, then any other domain that still has rows (no longer registered).
+    seen = set(jobs or {}) | set(envelopes or {})
+    known = [*domain_keys(), *sorted(seen - set(domain_keys()))]
+    recovery = read("recovery", lambda c: recovery_summary(c, known, rounds=rounds)) or {}
+    latency = read("latency", lambda c: latency_summary(c, domains=known)) or {}
+    chart = read("throughput", lambda c: throughput(c, chart_minutes), [])
+    processes = read("dispatchers", lambda c: dispatchers(c, stale_seconds))
+    queue_usage = read("notify_queue", notification_queue_usage)
     no_envelopes = {"pending": 0, "due": 0, "dead": 0, "oldest_pending_age": None}
+    no_jobs = {"backlog": {s: 0 for s in ACTIVE_STATUSES}, "oldest_candidate_age": None}
+    unknown_jobs = {"backlog": dict(UNKNOWN_BACKLOG), "oldest_candidate_age": None}
     domains = {}
     for domain in known:
-        job = jobs.get(domain, {"backlog": {s: 0 for s in ACTIVE_STATUSES}, "oldest_candidate_age": None})
+        job = (jobs.get(domain, no_jobs)) if jobs is not None else unknown_jobs
         domains[domain] = {
-            "backlog": job["backlog"],
+            "backlog": dict(job["backlog"]),
             "oldest_candidate_age": job["oldest_candidate_age"],
-            "envelopes": envelopes.get(domain, dict(no_envelopes)),
-            "recovery": recovery[domain],
-            "latency": latency[domain],
+            "envelopes": dict(envelopes.get(domain, no_envelopes) if envelopes is not None else UNKNOWN_ENVELOPES),
+            "recovery": recovery.get(domain, dict(UNKNOWN_RECOVERY)),
+            "latency": latency.get(domain, {}),
             "registered": domain in domain_keys(),
         }
     ages = [d["envelopes"]["oldest_pending_age"] for d in domains.values()]
     ages = [a for a in ages if a is not None]
     totals = {
-        "backlog": {s: sum(d["backlog"][s] for d in domains.values()) for s in ACTIVE_STATUSES},
-        "envelopes": {k: sum(d["envelopes"][k] for d in domains.values()) for k in ("pending", "due", "dead")},
+        "backlog": {s: _total(d["backlog"][s] for d in domains.values()) for s in ACTIVE_STATUSES},
+        "envelopes": {k: _total(d["envelopes"][k] for d in domains.values()) for k in ("pending", "due", "dead")},
         "oldest_pending_age": max(ages) if ages else None,
-        "latency": latency["all"],
+        "latency": latency.get("all", {}),
     }
     return {
-        "generated_at": generated_at.isoformat(),
+        "generated_at": generated_at.isoformat() if generated_at else None,
         "stale_seconds": stale_seconds,
         "domains": domains,
         "totals": totals,

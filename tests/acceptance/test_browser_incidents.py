@@ -140,16 +140,25 @@ def test_six_incidents_name_their_blocker_and_never_500(browser, live_server, dj
         no_error_page(browser, live_server, f"{JOBS}{queued[0].pk}/timeline/")
         assert "Redis could not be read" in browser.find_element(By.ID, "pf-rq-state").text
 
-    # 5. The dispatcher killed: its heartbeat went silent; due envelopes say nobody will send them.
+    # 5. The dispatcher killed: its heartbeat went silent; due envelopes say nobody will send them, and their
+    # age in the outbox is an alarm of its own.
     gone = DispatcherProcess.objects.create(name="h:9:killed", hostname="h", pid=9)
     sql(f"UPDATE dispatch_app_dispatcherprocess SET last_seen_at = {ago(600)} WHERE id = %s", [gone.pk])
-    due = job("workflow", "submitted", submitted_ago=30)
-    envelope(due, "pending", created_ago=30)
+    due = job("workflow", "submitted", submitted_ago=90)
+    envelope(due, "pending", created_ago=90)
     no_error_page(browser, live_server, DASHBOARD)
-    assert "No live dispatcher" in banners(browser)
+    assert "No live dispatcher" in banners(browser) and "Dispatcher h:9:killed is STALE" in banners(browser)
+    assert re.search(r"workflow: the oldest due envelope has waited 9\d\.\d s in the outbox", banners(browser))
     shot(browser, tmp_path, "5-dispatcher-killed")
     no_error_page(browser, live_server, f"{JOBS}{due.pk}/timeline/")
     assert browser.find_element(By.ID, "pf-blocker").text == "due, and no live dispatcher to send it"
+    # A new dispatcher runs: both dispatcher alarms clear (the dead one stays in the table, replaced).
+    new = DispatcherProcess.objects.create(name="h:10:new", hostname="h", pid=10)
+    no_error_page(browser, live_server, DASHBOARD)
+    assert "No live dispatcher" not in banners(browser) and "is STALE" not in banners(browser)
+    assert "replaced" in browser.find_element(By.ID, "pf-processes").text
+    shot(browser, tmp_path, "5-dispatcher-replaced")
+    new.delete()
 
     # 6. Pause and backoff: a paused domain's job names who paused it and why; a retry in backoff says when.
     paused_job = job("image_series", "submitted", submitted_ago=20)

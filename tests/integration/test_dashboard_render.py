@@ -1,11 +1,14 @@
 """The dashboard renders (200, through the test client) whatever it reports on has failed: Redis down, one
 domain's Redis server down, jobs and envelopes of unregistered domains, empty tables. The banner says what
-is unreadable. board.build() alone is not enough: the 500s were in the templates' filters."""
+is unreadable. board.build() alone is not enough: the 500s were in the templates' filters. PostgreSQL slow: a
+table held by a second real session makes one section time out (DASHBOARD_STATEMENT_TIMEOUT), and only that one."""
 
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -151,3 +154,106 @@ def test_a_redis_that_stops_while_the_page_is_open_keeps_it_rendering(operator, 
         after = get_all(operator)
     for page in (DASHBOARD, DASHBOARD + "live/"):
         assert 'data-key="redis"' in after[page] and "Redis cannot be read" in after[page]
+
+
+@contextmanager
+def table_locked(table: str):
+    """A second, real session holds ``table`` in ACCESS EXCLUSIVE mode (as an ALTER TABLE or VACUUM FULL would):
+    every read of it waits until this session ends. The page's request runs in this thread meanwhile; nothing
+    here needs to act while it waits, so no thread, event or sleep is involved."""
+    from dispatch_app.liveness import django_conninfo
+
+    with psycopg.connect(**django_conninfo()) as holder:
+        holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        try:
+            yield
+        finally:
+            holder.rollback()
+
+
+def statement_timeout() -> str:
+    from tests.integration.opsdata import sql
+
+    return sql("SHOW statement_timeout")[0][0]
+
+
+@pytest.mark.django_db
+def test_postgresql_slow_one_section_times_out_alone_and_the_page_names_it(operator, redis_conn):
+    busy_tables()
+    before = statement_timeout()
+    with table_locked("dispatch_app_recoveryround"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.2}):
+        responses = {url: operator.get(url) for url in PAGES[:3]}
+    assert {url: r.status_code for url, r in responses.items()} == dict.fromkeys(PAGES[:3], 200)
+    for url in (DASHBOARD, DASHBOARD + "live/"):
+        page = responses[url].content.decode()
+        assert 'data-key="db-unreadable"' in page
+        assert (
+            "PostgreSQL: recovery rounds cannot be read (QueryCanceled: canceling statement due to statement " in page
+        )
+        assert 'class="pf-red pf-unreadable">unreadable: QueryCanceled' in page  # the recovery table says so
+        # Every other section was read: delivery's row has its counts, and only recovery is missing.
+        row = page.split('id="pf-domain-delivery"')[1].split("</tr>")[0]
+        assert ">1</a>" in row and "–</a>" not in row
+        assert page.count('data-key="db-unreadable"') == 1
+    data = responses[DASHBOARD + "data.json"].json()
+    assert list(data["unreadable"]) == ["recovery"]
+    assert data["domains"]["delivery"]["backlog"] == {"submitted": 1, "queued": 1, "running": 1}
+    assert data["dispatchers"] == [] and "no-dispatcher" in [b["key"] for b in data["banners"]]
+    # The sections ran as savepoints of this test's transaction: its own statement_timeout is untouched.
+    assert statement_timeout() == before
+
+
+@pytest.mark.django_db
+def test_unreadable_dispatchers_are_not_no_dispatcher(operator, redis_conn):
+    with (
+        table_locked("dispatch_app_dispatcherprocess"),
+        override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.2}),
+    ):
+        response = operator.get(DASHBOARD + "live/")
+        data = operator.get(DASHBOARD + "data.json").json()
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "PostgreSQL: dispatcher processes cannot be read" in page and "dispatcher processes unreadable:" in page
+    assert data["dispatchers"] is None and "no-dispatcher" not in [b["key"] for b in data["banners"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_each_section_is_its_own_and_its_timeout_ends_with_it(redis_conn):
+    """As in production (autocommit views): each section a real transaction, SET LOCAL gone at its end."""
+    from dispatch_app.ops import board
+
+    before = statement_timeout()
+    with table_locked("dispatch_app_jobattempt"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.2}):
+        data = board.build(redis_conn=redis_conn)
+    # Every section reading attempts timed out; the others (envelopes, recovery, dispatchers, pauses) were read.
+    assert {"jobs", "latency", "failures", "charts", "failure_alarms", "outbox_due"} <= set(data["unreadable"])
+    assert not {"envelopes", "recovery", "dispatchers", "paused", "waits"} & set(data["unreadable"])
+    assert all(r.startswith("QueryCanceled") for r in data["unreadable"].values()), data["unreadable"]
+    assert statement_timeout() == before
+
+
+@pytest.mark.django_db
+def test_most_sections_unreadable_still_render_with_unknowns(operator, redis_conn):
+    # No rows written first: this test's transaction would hold the table the second session must lock.
+    with table_locked("dispatch_app_jobattempt"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.1}):
+        responses = [operator.get(url) for url in PAGES[:3]]  # the dashboard's three (the job list is not sectioned)
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    live = responses[1].content.decode()
+    assert "PostgreSQL: jobs by status cannot be read" in live and "PostgreSQL: the per-domain charts cannot" in live
+    row = live.split('id="pf-domain-delivery"')[1].split("</tr>")[0]
+    assert row.count("–</a>") == 3  # submitted / queued / running: unknown, not 0
+
+
+@pytest.mark.django_db
+def test_dispatchstats_prints_unknowns_and_names_the_unreadable_sections(redis_conn):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    with table_locked("dispatch_app_jobattempt"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.1}):
+        with table_locked("dispatch_app_dispatcherprocess"):
+            call_command("dispatchstats", stdout=out)
+    text = out.getvalue()
+    assert "ERROR: PostgreSQL: jobs by status cannot be read" in text
+    assert "\ndispatchers\n  unreadable" in text and "TOTAL" in text

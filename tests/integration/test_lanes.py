@@ -174,7 +174,9 @@ def test_the_rq_side_shows_each_lane_and_where_a_recovered_job_waits(redis_conn,
     late = states[recovered[1].pk]
     assert (late.queue, late.position, late.depth, late.behind_new) == (RECOVERY, 2, 2, 3)
     text, _ = rqjobs.describe("queued", late, fmt_instant=str)
-    assert text == f"#2 of 2 in {RECOVERY} (recovery lane: taken after the 3 new job(s) waiting), 0 live workers"
+    assert text == (
+        f"#2 of 2 in {RECOVERY} (recovery lane: taken after the 3 new job(s) waiting: #5 in line), 0 live workers"
+    )
     first = states[fresh[0].pk]
     assert (first.queue, first.position, first.behind_new) == ("delivery", 1, None)
 

@@ -140,6 +140,8 @@ def test_a_worker_failing_every_job_dead_envelopes_and_a_stale_loop_are_banners(
         [child.pk],
     )
     gone = DispatcherProcess.objects.create(name="h:2:y", hostname="h", pid=2)
+    # It ran workflow's recovery, which no live process runs now (h:1:x runs agent's): its banner stays.
+    LoopHeartbeat.objects.create(process=gone, loop="recovery-workflow")
     sql(f"UPDATE dispatch_app_dispatcherprocess SET last_seen_at = {ago(3600)} WHERE id = %s", [gone.pk])
     data = board.build(redis_conn=redis_conn)
     assert [b["level"] for b in data["banners"] if b["key"] == "stale-process"] == ["warning"]

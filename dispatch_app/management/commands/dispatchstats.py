@@ -98,6 +98,11 @@ def rq_side(snap: dict) -> list[str]:
     return [*lines, "", "RQ side and failures"] + table(rows)
 
 
+def known(value) -> str:
+    """A count, or "-" when its section could not be read (None: unknown, not zero)."""
+    return "-" if value is None else str(value)
+
+
 def render(snap: dict) -> str:
     lines = [
         f"database clock {snap['generated_at']}  NOTIFY queue usage {queue_usage(snap['notification_queue_usage'])}",
@@ -109,8 +114,8 @@ def render(snap: dict) -> str:
         rows.append(
             [
                 domain if d.get("registered", True) else f"{domain} (unregistered)",
-                *(str(d["backlog"][s]) for s in ACTIVE_STATUSES),
-                f"{env['pending']}/{env['due']}/{env['dead']}",
+                *(known(d["backlog"][s]) for s in ACTIVE_STATUSES),
+                f"{known(env['pending'])}/{known(env['due'])}/{known(env['dead'])}",
                 fmt(env["oldest_pending_age"]),
                 fmt(d["oldest_candidate_age"]),
                 "-" if rate is None else f"{rate * 100:.0f}%",
@@ -121,8 +126,8 @@ def render(snap: dict) -> str:
     rows.append(
         [
             "TOTAL",
-            *(str(t["backlog"][s]) for s in ACTIVE_STATUSES),
-            f"{env['pending']}/{env['due']}/{env['dead']}",
+            *(known(t["backlog"][s]) for s in ACTIVE_STATUSES),
+            f"{known(env['pending'])}/{known(env['due'])}/{known(env['dead'])}",
             fmt(t["oldest_pending_age"]),
             "",
             "",
@@ -137,7 +142,7 @@ def render(snap: dict) -> str:
         cells = []
         for key, _ in stages:
             for window in ("5m", "60m"):
-                value = lat[window].get(key) or {"count": 0}
+                value = (lat.get(window) or {}).get(key) or {"count": 0}
                 cells.append(f"{_pcts(value)} ({value['count']})")
         rows.append([domain, *cells])
     lines += table(rows)
@@ -150,9 +155,11 @@ def render(snap: dict) -> str:
             )
     lines += rq_side(snap)
     lines += ["", "dispatchers"]
-    if not snap["dispatchers"]:
+    if snap["dispatchers"] is None:  # a section PostgreSQL did not answer in time (named under alarms)
+        lines.append("  unreadable")
+    elif not snap["dispatchers"]:
         lines.append("  none running")
-    for p in snap["dispatchers"]:
+    for p in snap["dispatchers"] or ():
         stale = "  STALE" if p["stale"] else ""
         lines.append(f"  {p['name']}  up {fmt(p['uptime'])}  seen {fmt(p['last_seen_age'])} ago{stale}")
         for loop in p["loops"]:

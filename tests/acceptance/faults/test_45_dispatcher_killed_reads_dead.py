@@ -4,7 +4,9 @@ A real ``rundispatcher`` with its recovery child; once its row names its
 liveness session, it is live on the dispatcher list (``ops.stats``, what the
 dashboard and ``dispatchstats`` show). Both processes are killed with -9: the
 row reads stale at once by its session, long before HEARTBEAT_STALE_SECONDS
-(120 s) of silence would say so.
+(120 s) of silence would say so. Then a new dispatcher starts: once it runs the
+loops the dead one ran, the dashboard has neither "No live dispatcher" nor the
+dead one's STALE banner (issue 28), and the dead one's UP no longer counts.
 """
 
 import os
@@ -14,7 +16,7 @@ import time
 import pytest
 from django.db import connection
 
-from dispatch_app.ops import stats
+from dispatch_app.ops import board, stats
 from tests.acceptance.faults.infra import record_figures
 from tests.helpers import wait_until
 
@@ -51,3 +53,17 @@ def test_a_killed_dispatcher_and_its_recovery_child_read_dead_within_seconds(sha
     row = listed(stack)[dispatcher.pid]
     assert row["session_alive"] is False and row["last_seen_age"] < 120, row
     record_figures("45_dispatcher_killed_reads_dead", seconds_to_stale=round(seconds, 2), bound_seconds=BOUND)
+
+    # A new dispatcher takes over: the alarms about the dead one go once it runs every loop the dead one ran.
+    dead_up = listed(stack)[dispatcher.pid]["uptime"]
+    successor = stack.dispatcher("--poll-interval", "0.5", name="successor", recovery=True)
+
+    def alarms() -> set[str]:
+        assert successor.alive(), successor.output()[-2000:]
+        return {b["key"] for b in board.build()["banners"]} & {"no-dispatcher", "stale-process"}
+
+    replaced = time.monotonic()
+    wait_until(lambda: not alarms(), timeout=90, message="the successor to clear the dispatcher alarms")
+    row = listed(stack)[dispatcher.pid]
+    assert row["stale"] and row["uptime"] == dead_up, row  # listed still, its UP stopped at its last heartbeat
+    record_figures("45_dispatcher_replaced_clears", seconds_to_clear=round(time.monotonic() - replaced, 2))
