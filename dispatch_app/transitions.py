@@ -51,7 +51,7 @@ class IllegalTransition(ValueError):
 # Never backwards: a worker may already have started (or finished) the job.
 MARK_QUEUED_CTE = f"""UPDATE {JOB} j
     SET status = CASE WHEN j.status = 'submitted' THEN 'queued' ELSE j.status END,
-        dispatched_at = COALESCE(j.dispatched_at, clock_timestamp())
+        dispatched_at = COALESCE(j.dispatched_at, m.dispatched_at)
     FROM marked m
     WHERE j.id = m.job_id AND j.attempt = m.attempt
       AND (j.status = 'submitted' OR j.dispatched_at IS NULL)

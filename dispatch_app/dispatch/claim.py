@@ -9,6 +9,7 @@ lease token: a dispatcher whose lease expired cannot overwrite its successor.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -155,10 +156,15 @@ def claim_batch(
 
 MARK_DISPATCHED_SQL = f"""
 WITH marked AS (
-    UPDATE {ENVELOPE}
-    SET status = 'dispatched', dispatched_at = clock_timestamp(), lease_token = NULL, last_error = ''
-    WHERE id = ANY(%(ids)s) AND lease_token = %(token)s AND status = 'pending'
-    RETURNING job_id, attempt, created_at, dispatched_at
+    UPDATE {ENVELOPE} e
+    -- dispatched_at is when the job entered RQ: its send's start, on the database clock (this statement's clock
+    -- less the host's monotonic age of the send), never after the worker's start, which can commit first.
+    SET status = 'dispatched', lease_token = NULL, last_error = '',
+        dispatched_at = LEAST(clock_timestamp() - make_interval(secs => s.ago),
+                              (SELECT j.started_at FROM {JOB} j WHERE j.id = e.job_id AND j.attempt = e.attempt))
+    FROM unnest(%(ids)s::bigint[], %(ago)s::float8[]) AS s(id, ago)
+    WHERE e.id = s.id AND e.lease_token = %(token)s AND e.status = 'pending'
+    RETURNING e.job_id, e.attempt, e.created_at, e.dispatched_at
 ), waits AS (
     -- The outbox wait starts when the envelope is due: a delayed submit or a retry backoff is its own stage
     -- (dispatch_app.stages defines it), kept by the attempt history only for envelopes created with a delay.
@@ -176,16 +182,24 @@ SELECT (SELECT count(*) FROM marked), (SELECT array_agg(latency) FROM waits) FRO
 """
 
 
-def mark_dispatched(envelope_ids: list[int], token: uuid.UUID, latencies: list[float] | None = None) -> int:
+def mark_dispatched(
+    envelope_ids: list[int],
+    token: uuid.UUID,
+    latencies: list[float] | None = None,
+    sent_at: list[float | None] | None = None,
+) -> int:
     """Returns how many envelopes this lease still held and now marked.
 
-    ``latencies``, when given, receives each marked envelope's outbox wait
-    (due -> dispatched_at, database clock; a backoff or delay is not outbox wait) for the metrics.
+    ``sent_at``: per envelope, ``time.monotonic()`` when its send started (None: now), so that dispatched_at
+    is when the job entered RQ, not when this mark ran. ``latencies``, when given, receives each marked
+    envelope's outbox wait (due -> dispatched_at, database clock; a backoff or delay is not outbox wait).
     """
     if not envelope_ids:
         return 0
     with prepared.cursor(dispatcher_session=True) as cursor:
-        cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token})
+        now = time.monotonic()
+        ago = [0.0 if t is None else max(0.0, now - t) for t in (sent_at or [None] * len(envelope_ids))]
+        cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token, "ago": ago})
         count, waits = cursor.fetchone()
     tracing.envelopes_dispatched(envelope_ids)  # outbox-wait spans of traced jobs; no-op without a tracer provider
     if latencies is not None and waits:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -40,6 +41,9 @@ log = logging.getLogger("dispatch_app.dispatch")
 
 # Bounds the memory of given-back envelope ids (beyond it, a long outage's backlog may count as missed wake-ups).
 MAX_REMEMBERED_GIVE_BACKS = 100_000
+# Bounds the memory of this loop's recent claims: forgetting one
+# costs at most one duplicate send (RQ's create-if-absent leaves the job alone), never a lost or second run.
+MAX_REMEMBERED_CLAIMS = 8192
 
 
 def check_send_lease(conf: DispatchSettings, publisher: Publisher | None = None) -> float:
@@ -130,8 +134,11 @@ class DispatchLoop:
         self._clock = clock
         # When the last claim said the next pending envelope falls due (loop clock), or None.
         self._due_at: float | None = None
-        # Envelope id -> attempt, sent before their claim in this drain (dispatch.announced).
-        self._sent_ahead: dict[int, int] = {}
+        # Envelope id -> (attempt, time.monotonic() at its send), sent before their claim (dispatch.announced).
+        self._sent_ahead: dict[int, tuple[int, float]] = {}
+        # Envelope id -> attempt, most recent claims of this loop: an announcement that reaches the loop after
+        # the claim that took its envelope (the listener hears the NOTIFY while the drain runs) is not sent again.
+        self._claimed: OrderedDict[int, int] = OrderedDict()
         # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
         self.breakers: dict[str, CircuitBreaker] = {}
         for server in self.publisher.servers():
@@ -223,7 +230,10 @@ class DispatchLoop:
         if not envelopes or not self.conf.SEND_ANNOUNCED or self.stop.is_set():
             return
         per_server: dict[str, list[Claimed]] = {}
+        claimed = self._claimed
         for envelope in envelopes:
+            if claimed.get(envelope.envelope_id) == envelope.attempt:
+                continue  # this loop claimed and sent it already
             try:
                 self.publisher.check(envelope)
             except PermanentSendError:
@@ -236,13 +246,21 @@ class DispatchLoop:
         for server, ahead in per_server.items():
             for start in range(0, len(ahead), size):
                 chunk = ahead[start : start + size]
+                at = time.monotonic()
                 try:
                     sent = self.publisher.send(chunk)
                 except Exception as exc:  # noqa: BLE001 - unsent: the claim sends them as it always did
                     self._ahead_failed(server, exc)
                     break
                 failed = {envelope.envelope_id for envelope, _ in sent.failed}
-                self._sent_ahead.update((e.envelope_id, e.attempt) for e in chunk if e.envelope_id not in failed)
+                self._sent_ahead.update((e.envelope_id, (e.attempt, at)) for e in chunk if e.envelope_id not in failed)
+
+    def _remember_claims(self, envelopes: list[Claimed]) -> None:
+        claimed = self._claimed
+        for envelope in envelopes:
+            claimed[envelope.envelope_id] = envelope.attempt
+        while len(claimed) > MAX_REMEMBERED_CLAIMS:
+            claimed.popitem(last=False)
 
     def _ahead_failed(self, server: str, exc: BaseException) -> None:
         reason = outage_reason(exc)
@@ -372,19 +390,26 @@ class DispatchLoop:
             except PermanentSendError as exc:
                 record.permanent.append((envelope, str(exc)))
 
+        self._remember_claims(batch.envelopes)
         ahead = self._sent_ahead
         if ahead:
-            done = {e.envelope_id for e in sendable if ahead.get(e.envelope_id) == e.attempt}
+            done = {}
+            for e in sendable:
+                sent = ahead.get(e.envelope_id)
+                if sent is not None and sent[0] == e.attempt:
+                    done[e.envelope_id] = sent[1]
+                    del ahead[e.envelope_id]
             if done:
                 sendable = [e for e in sendable if e.envelope_id not in done]
                 record.sent_ids.extend(done)
+                record.send_started.update(done)
                 result.sent_ahead = len(done)
 
         server_of = self.publisher.server
         batch_chunks = chunks(
             sendable, record, server_of=server_of, breaker_for=self._breaker, size=self.conf.SEND_CHUNK_SIZE
         )
-        halt = Halt(self.stop, server_of)
+        halt = Halt(self.stop, server_of, record.send_started)
         outcomes = self.sender.map(halt.watching(self.publisher.send), batch_chunks, stop=halt)
         failpoints.hit("kill_after_send")
         sort_outcomes(outcomes, record, result, server_of)
@@ -394,7 +419,10 @@ class DispatchLoop:
         """Write what the sends did: compare-and-set marks, backoffs, dead letters, released leases."""
         if record is None:
             return result
-        marked = claim.mark_dispatched(record.sent_ids, record.token, result.latencies)
+        started = record.send_started
+        marked = claim.mark_dispatched(
+            record.sent_ids, record.token, result.latencies, sent_at=[started.get(i) for i in record.sent_ids]
+        )
         result.dispatched = marked
         result.lost_lease = len(record.sent_ids) - marked
         if result.lost_lease:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -43,6 +44,8 @@ class BatchRecord:
     outage_delay: dict[str, float] = field(default_factory=dict)
     # Servers whose sends this batch reached (a reply came back): their breakers close.
     answered: set[str] = field(default_factory=set)
+    # Envelope id -> time.monotonic() when its send started: the mark dates the dispatch from it.
+    send_started: dict[int, float] = field(default_factory=dict)
 
 
 class Halt:
@@ -54,10 +57,11 @@ class Halt:
     other servers' chunks go on.
     """
 
-    def __init__(self, stop: threading.Event, server_of):
+    def __init__(self, stop: threading.Event, server_of, started: dict[int, float] | None = None):
         self.stop = stop
         self.server_of = server_of
         self.refused: set[str] = set()  # set.add is atomic under the GIL; read by the send threads
+        self.started = {} if started is None else started  # BatchRecord.send_started (dict.update: atomic)
 
     def is_set(self) -> bool:
         return self.stop.is_set()
@@ -67,6 +71,7 @@ class Halt:
             server = self.server_of(chunk[0].queue)
             if server in self.refused:
                 return NOT_SENT
+            self.started.update(dict.fromkeys((e.envelope_id for e in chunk), time.monotonic()))
             try:
                 return send(chunk)
             except Exception as exc:

@@ -1,12 +1,15 @@
-"""The dispatch-latency metric's outbox wait starts when the envelope is due, not at a delay's or backoff's start."""
+"""The mark's times: the outbox wait starts when the envelope is due (not at a delay's or backoff's start), and
+dispatched_at is when the job entered RQ (its send's start), never after the worker's start."""
 
+import time
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 
-from dispatch_app import submit
+from dispatch_app import stages, submit, transitions
 from dispatch_app.dispatch import claim
+from dispatch_app.models import DispatchEnvelope, Job
 from tests.factories import PAYLOADS
 
 pytestmark = pytest.mark.django_db
@@ -39,3 +42,40 @@ def test_a_delayed_envelopes_wait_counts_from_its_due_time_and_an_immediate_one_
     delayed, immediate = sorted(latencies)
     assert 9 < delayed < 30, latencies  # from due (~10 s ago), not from creation (~70 s ago)
     assert immediate >= 70, latencies
+
+
+def _db_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def test_dispatched_at_is_when_the_send_started_on_the_database_clock_not_when_the_mark_ran():
+    job = submit("delivery", PAYLOADS["delivery"])
+    batch = claim.claim_batch(10, 30)
+    before, host_before = _db_now(), time.monotonic()
+    # The send started two seconds (host monotonic clock) before this mark.
+    assert claim.mark_dispatched([batch.envelopes[0].envelope_id], batch.token, sent_at=[host_before - 2.0]) == 1
+    host_took = timedelta(seconds=time.monotonic() - host_before)
+    after = _db_now()
+
+    envelope = DispatchEnvelope.objects.get(job=job)
+    assert before - timedelta(seconds=2) - host_took <= envelope.dispatched_at <= after - timedelta(seconds=2)
+    # The job's own dispatch time is the envelope's.
+    assert Job.objects.get(pk=job.pk).dispatched_at == envelope.dispatched_at
+
+
+def test_a_worker_that_started_before_the_mark_is_never_before_its_dispatch():
+    job = submit("delivery", PAYLOADS["delivery"])
+    batch = claim.claim_batch(10, 30)
+    with connection.cursor() as cursor:
+        assert transitions.start(cursor, "worker-1", job.pk, 1) is not None  # the worker was first
+    started_at = Job.objects.get(pk=job.pk).started_at
+
+    # A mark that dates the send later than the start (here: no send time given, so "now") is held at the start.
+    assert claim.mark_dispatched([batch.envelopes[0].envelope_id], batch.token) == 1
+    envelope = DispatchEnvelope.objects.get(job=job)
+    assert envelope.dispatched_at == started_at
+    [attempt] = stages.job_attempts(Job.objects.get(pk=job.pk))
+    rq = next(s for s in attempt.stages(_db_now()) if s.key == "rq")
+    assert rq.duration == timedelta(0)

@@ -120,3 +120,21 @@ def test_an_unregistered_domain_is_not_sent_ahead_and_the_claim_dead_letters_it(
     assert loop.publisher.seen == []
     assert (result.claimed, result.sent_ahead, result.dead) == (1, 0, 1)
     assert _in_rq(redis_conn) == 0
+
+
+def test_an_announcement_heard_after_the_claim_that_took_its_envelope_is_not_sent_again(redis_conn):
+    # The listener hears a NOTIFY while a drain runs; that drain's claim already took and sent the envelope.
+    jobs = submit_many([("delivery", PAYLOADS["delivery"])] * 3)
+    loop = _loop(redis_conn)
+    try:
+        first = loop.run_once(NOTIFY)
+        loop.wake.announced.extend(_announced(jobs))  # heard late, handed over with the next wake
+        second = loop.run_once(NOTIFY)
+    finally:
+        loop.close()
+    ids = [e.envelope_id for e in _announced(jobs)]
+    assert (first.claimed, first.dispatched) == (3, 3)
+    assert sorted(i for i, _ in loop.publisher.seen) == ids, "each envelope through the publisher once"
+    assert (second.claimed, second.duplicates) == (0, 0)
+    assert _in_rq(redis_conn) == 3
+
