@@ -137,4 +137,3 @@ def test_an_announcement_heard_after_the_claim_that_took_its_envelope_is_not_sen
     assert sorted(i for i, _ in loop.publisher.seen) == ids, "each envelope through the publisher once"
     assert (second.claimed, second.duplicates) == (0, 0)
     assert _in_rq(redis_conn) == 3
-
