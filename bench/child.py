@@ -160,6 +160,9 @@ def main() -> None:
             key = f"drains.{getattr(result, 'trigger', '?')}"
             waits[key] = waits.get(key, 0) + 1
             waits["claimed"] = waits.get("claimed", 0) + getattr(result, "claimed", 0)
+            # Sends per attempt (issue 27): envelopes Redis answered for, against envelopes marked dispatched.
+            for name in ("sends", "duplicates", "dispatched", "sent_ahead"):
+                waits[name] = waits.get(name, 0) + getattr(result, name, 0)
             if self.inner is not None:
                 self.inner.drained(result)
 
@@ -182,6 +185,10 @@ def main() -> None:
 
     def read_stdin():
         for line in sys.stdin:
+            if line.strip() == "report":  # the counters so far, while running (Child.counts)
+                sys.stdout.write("counts " + json.dumps(dict(waits)) + "\n")
+                sys.stdout.flush()
+                continue
             commands.append(line.strip())
             got.set()
         commands.append("stop")

@@ -69,6 +69,18 @@ class Child:
     def go(self) -> None:
         self.send("go")
 
+    def counts(self, timeout: float = 10.0) -> dict:
+        """The dispatcher's drain counters so far (sends, dispatched, ...), asked for while it runs."""
+        seen = len(self._stdout)
+        self.send("report")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self._stdout[seen:]:
+                if line.startswith("counts "):
+                    return json.loads(line[7:])
+            time.sleep(0.01)
+        return {}
+
     def stop(self, timeout: float = 30.0) -> dict:
         try:
             self.send("stop")

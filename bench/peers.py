@@ -148,6 +148,16 @@ def _ours_hops(points: dict[str, dict[int, float]], metrics: dict, w: int, r: fl
         metrics[f"w{w}_{name}_p99_ms_at{int(r)}"] = hop["p99"]
 
 
+def _sends_per_attempt(metrics: dict, w: int, r: float, before: dict, after: dict) -> None:
+    """Envelopes Redis answered a send for, per envelope marked dispatched, in this rate's window (1.0: no waste)."""
+    if not before or not after:
+        return
+    sends = after.get("sends", 0) - before.get("sends", 0)
+    dispatched = after.get("dispatched", 0) - before.get("dispatched", 0)
+    metrics[f"w{w}_sends_per_attempt_at{int(r)}"] = ratio(sends, dispatched)
+    metrics[f"w{w}_send_duplicates_at{int(r)}"] = after.get("duplicates", 0) - before.get("duplicates", 0)
+
+
 def _ours(ctx: Context, kind: str) -> dict:
     metrics: dict = {}
     stamps = tempfile.NamedTemporaryFile(prefix="pf-run-stamps-", delete=False)
@@ -183,10 +193,12 @@ def _ours_phases(ctx: Context, kind: str, stamps: str, metrics: dict) -> None:
                         metrics[f"w{w}_e2e_per_process_per_s"] = e2e_rate / w if e2e_rate else None
                     for r in rates:
                         count = max(5, int(r * seconds))
+                        before = child.counts()
                         out = producer.run(60 + count / 20, count=count, rate=r)
                         committed = {int(k): v for k, v in out["committed"].items()}
                         ids = list(committed)
                         _wait(lambda ids=ids: _ours_finished(ids) >= len(ids), 30 + count / 20)
+                        _sends_per_attempt(metrics, w, r, before, child.counts())
                         started = _ours_times(ids, "started_at")
                         runs = _ours_runs(stamps, ids)
                         lat = [(runs[i] - committed[i]) * 1000 for i in ids if i in runs]

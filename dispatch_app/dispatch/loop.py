@@ -59,7 +59,8 @@ class DrainResult:
     claimed_first: int = 0  # of those, first attempts (new work; the rest are re-dispatches)
     again_full: bool = False  # the last claim took its most re-dispatches (claim.AGAIN_PER_CLAIM): claim again
     dispatched: int = 0
-    duplicates: int = 0
+    sends: int = 0  # envelopes Redis answered for (ahead of their claim or after it): > dispatched is waste
+    duplicates: int = 0  # of those, sends that found the RQ job there already
     failed: int = 0
     dead: int = 0
     released: int = 0
@@ -86,6 +87,7 @@ class DrainResult:
             "claimed",
             "claimed_first",
             "dispatched",
+            "sends",
             "duplicates",
             "failed",
             "dead",
@@ -191,7 +193,7 @@ class DispatchLoop:
         """
         total = DrainResult(trigger=trigger)
         self.scans += 1
-        self._send_announced()
+        total.sends, total.duplicates = self._send_announced()
         # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
         if not [breaker.allow() for breaker in self.breakers.values()].count(True):
             total.paused = True
@@ -224,11 +226,15 @@ class DispatchLoop:
                 total.add(in_flight.result())
         return self._report(total)
 
-    def _send_announced(self) -> None:
-        """Send the envelopes writers named in their NOTIFY now; the claim that follows marks them."""
+    def _send_announced(self) -> tuple[int, int]:
+        """Send the envelopes writers named in their NOTIFY now; the claim that follows marks them.
+
+        Returns (envelopes sent, of which duplicates).
+        """
         envelopes = announced.take(self.wake.announced)
+        sends = duplicates = 0
         if not envelopes or not self.conf.SEND_ANNOUNCED or self.stop.is_set():
-            return
+            return sends, duplicates
         per_server: dict[str, list[Claimed]] = {}
         claimed = self._claimed
         for envelope in envelopes:
@@ -254,6 +260,9 @@ class DispatchLoop:
                     break
                 failed = {envelope.envelope_id for envelope, _ in sent.failed}
                 self._sent_ahead.update((e.envelope_id, (e.attempt, at)) for e in chunk if e.envelope_id not in failed)
+                sends += len(chunk) - len(failed)
+                duplicates += sent.duplicates
+        return sends, duplicates
 
     def _remember_claims(self, envelopes: list[Claimed]) -> None:
         claimed = self._claimed

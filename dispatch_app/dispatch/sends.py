@@ -141,6 +141,7 @@ def sort_outcomes(outcomes, record: BatchRecord, result, server_of) -> None:
             failed = outcome.value.failed
             bad = {e.envelope_id for e, _ in failed}
             record.sent_ids.extend(i for i in ids if i not in bad)
+            result.sends += len(ids) - len(bad)
             result.duplicates += outcome.value.duplicates
             for envelope, exc in failed:
                 envelope_failed(record, [envelope.envelope_id], exc)

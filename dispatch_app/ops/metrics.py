@@ -57,6 +57,16 @@ class DispatchMetrics:
             "Envelopes sent to RQ before their claim: a NOTIFY named them (dispatch.announced).",
             registry=r,
         )
+        self.sends = Counter(
+            "productflow_envelope_sends",
+            "Envelopes Redis answered a send for, ahead of their claim or after it (more than dispatched: waste).",
+            registry=r,
+        )
+        self.send_duplicates = Counter(
+            "productflow_envelope_send_duplicates",
+            "Sends that found the RQ job there already (create-if-absent left it alone).",
+            registry=r,
+        )
         self.listener_reconnects = Counter(
             "productflow_listener_reconnects", "LISTEN connection losses (each followed by a reconnect).", registry=r
         )
@@ -120,6 +130,8 @@ class DispatchMetrics:
         self.dead.inc(result.dead)
         self.missed_wakeups.inc(result.unannounced)
         self.sent_ahead.inc(getattr(result, "sent_ahead", 0))
+        self.sends.inc(getattr(result, "sends", 0))
+        self.send_duplicates.inc(getattr(result, "duplicates", 0))
         for latency in getattr(result, "latencies", ()):
             self.latency.observe(max(0.0, latency))
         self.connection_wait.observe(getattr(result, "connect_seconds", 0.0))

@@ -66,6 +66,7 @@ def test_an_announced_envelope_is_sent_before_its_claim_and_marked_without_a_sec
     # Each went out once, while the database still had it unclaimed.
     assert loop.publisher.seen == [(i, 0) for i in ids]
     assert (result.claimed, result.sent_ahead, result.dispatched, result.duplicates) == (2, 2, 2, 0)
+    assert result.sends == 2, "sent ahead, not again after the claim"
     assert list(DispatchEnvelope.objects.filter(pk__in=ids).values_list("status", "send_attempts").distinct()) == [
         ("dispatched", 1)
     ]
@@ -103,6 +104,7 @@ def test_an_envelope_a_peer_claimed_first_is_sent_twice_but_queued_once(redis_co
     assert (result.claimed, result.sent_ahead, result.dispatched) == (0, 0, 0)
     assert not loop._sent_ahead, "forgotten once the drain is over"
     assert (again.sent, again.duplicates) == (0, 1)
+    assert (result.sends, result.duplicates) == (1, 0), "this loop's one send, ahead"
     assert _in_rq(redis_conn) == 1
     assert DispatchEnvelope.objects.get(pk=envelope.envelope_id).lease_token == peer.token
 
@@ -125,7 +127,9 @@ def test_an_unregistered_domain_is_not_sent_ahead_and_the_claim_dead_letters_it(
 def test_an_announcement_heard_after_the_claim_that_took_its_envelope_is_not_sent_again(redis_conn):
     # The listener hears a NOTIFY while a drain runs; that drain's claim already took and sent the envelope.
     jobs = submit_many([("delivery", PAYLOADS["delivery"])] * 3)
+    metrics = DispatchMetrics(database=False)
     loop = _loop(redis_conn)
+    loop.observer = metrics
     try:
         first = loop.run_once(NOTIFY)
         loop.wake.announced.extend(_announced(jobs))  # heard late, handed over with the next wake
@@ -135,5 +139,8 @@ def test_an_announcement_heard_after_the_claim_that_took_its_envelope_is_not_sen
     ids = [e.envelope_id for e in _announced(jobs)]
     assert (first.claimed, first.dispatched) == (3, 3)
     assert sorted(i for i, _ in loop.publisher.seen) == ids, "each envelope through the publisher once"
-    assert (second.claimed, second.duplicates) == (0, 0)
+    assert (second.claimed, second.sends, second.duplicates) == (0, 0, 0)
     assert _in_rq(redis_conn) == 3
+    sample = metrics.registry.get_sample_value
+    assert (sample("productflow_envelope_sends_total"), sample("productflow_envelopes_dispatched_total")) == (3, 3)
+    assert sample("productflow_envelope_send_duplicates_total") == 0
