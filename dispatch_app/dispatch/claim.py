@@ -154,17 +154,17 @@ def claim_batch(
     return Claim(token, [Claimed(*row) for row in claimed], next_due_in, again_full=0 < again_limit <= again)
 
 
-MARK_DISPATCHED_SQL = f"""
-WITH marked AS (
-    UPDATE {ENVELOPE} e
-    -- dispatched_at is when the job entered RQ: its send's start, on the database clock (this statement's clock
-    -- less the host's monotonic age of the send), never after the worker's start, which can commit first.
-    SET status = 'dispatched', lease_token = NULL, last_error = '',
-        dispatched_at = LEAST(clock_timestamp() - make_interval(secs => s.ago),
-                              (SELECT j.started_at FROM {JOB} j WHERE j.id = e.job_id AND j.attempt = e.attempt))
-    FROM unnest(%(ids)s::bigint[], %(ago)s::float8[]) AS s(id, ago)
-    WHERE e.id = s.id AND e.lease_token = %(token)s AND e.status = 'pending'
-    RETURNING e.job_id, e.attempt, e.created_at, e.dispatched_at
+# dispatched_at is when the job entered RQ: its send's start, on the database clock (this statement's clock less
+# the host's monotonic age of the send), never after the worker's start, which can commit first.
+_DISPATCHED_AT = f"""LEAST(clock_timestamp() - make_interval(secs => s.ago),
+                              (SELECT j.started_at FROM {JOB} j WHERE j.id = e.job_id AND j.attempt = e.attempt))"""
+
+
+def _mark_sql(marked: str) -> str:
+    """A mark: the ``marked`` CTE (envelope id, job_id, attempt, created_at, dispatched_at), its outbox waits
+    and the jobs' submitted -> queued, in one statement."""
+    return f"""
+WITH marked AS ({marked}
 ), waits AS (
     -- The outbox wait starts when the envelope is due: a delayed submit or a retry backoff is its own stage
     -- (dispatch_app.stages defines it), kept by the attempt history only for envelopes created with a delay.
@@ -178,8 +178,56 @@ WITH marked AS (
     -- submitted -> queued (dispatch_app.transitions owns the job's side)
     {transitions.MARK_QUEUED_CTE}
 )
-SELECT (SELECT count(*) FROM marked), (SELECT array_agg(latency) FROM waits) FROM {ASYNC_COMMIT}
+SELECT (SELECT array_agg(id) FROM marked), (SELECT array_agg(latency) FROM waits) FROM {ASYNC_COMMIT}
 """
+
+
+MARK_DISPATCHED_SQL = _mark_sql(f"""
+    UPDATE {ENVELOPE} e
+    SET status = 'dispatched', lease_token = NULL, last_error = '', dispatched_at = {_DISPATCHED_AT}
+    FROM unnest(%(ids)s::bigint[], %(ago)s::float8[]) AS s(id, ago)
+    WHERE e.id = s.id AND e.lease_token = %(token)s AND e.status = 'pending'
+    RETURNING e.id, e.job_id, e.attempt, e.created_at, e.dispatched_at""")
+
+# Announced envelopes the loop sent ahead of any claim (dispatch.announced) are marked by this one statement
+# instead of a claim and a mark: a compare-and-set on "pending, unleased, this attempt, due, domain not paused",
+# which is what the claim would have checked. One write transaction and one envelope row version less per job.
+# A row a peer's claim holds is waited for (its claim is one autocommit statement) and then fails the lease
+# condition: the peer sends it too (a duplicate send, never a second run). Rows are taken in id order, so two
+# dispatchers marking the same announcements cannot deadlock.
+MARK_AHEAD_SQL = _mark_sql(f"""
+    UPDATE {ENVELOPE} e
+    SET status = 'dispatched', last_error = '', send_attempts = e.send_attempts + 1,
+        dispatched_at = {_DISPATCHED_AT}
+    FROM (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ago)s::float8[]) AS u(id, attempt, ago)
+          ORDER BY id) s
+    WHERE e.id = s.id AND e.attempt = s.attempt AND e.status = 'pending' AND e.lease_token IS NULL
+      AND e.available_at <= clock_timestamp() AND e.domain NOT IN (SELECT domain FROM {PAUSE})
+    RETURNING e.id, e.job_id, e.attempt, e.created_at, e.dispatched_at""")
+
+
+def _ages(sent_at: list[float | None] | None, n: int) -> list[float]:
+    now = time.monotonic()
+    return [0.0 if t is None else max(0.0, now - t) for t in (sent_at or [None] * n)]
+
+
+def mark_ahead(sent: dict[int, tuple[int, float]], latencies: list[float] | None = None) -> list[int]:
+    """Mark envelopes sent ahead of their claim: ``sent`` is envelope id -> (attempt, ``time.monotonic()`` when
+    its send started). Returns the ids marked; the others stay for the claim (a peer's lease, a pause)."""
+    if not sent:
+        return []
+    ids = sorted(sent)
+    with prepared.cursor(dispatcher_session=True) as cursor:
+        params = {"ids": ids, "attempts": [sent[i][0] for i in ids]}
+        params["ago"] = _ages([sent[i][1] for i in ids], len(ids))
+        cursor.execute(MARK_AHEAD_SQL, params)
+        marked, waits = cursor.fetchone()
+    marked = marked or []
+    if marked:
+        tracing.envelopes_dispatched(marked)
+    if latencies is not None and waits:
+        latencies.extend(waits)
+    return marked
 
 
 def mark_dispatched(
@@ -197,14 +245,13 @@ def mark_dispatched(
     if not envelope_ids:
         return 0
     with prepared.cursor(dispatcher_session=True) as cursor:
-        now = time.monotonic()
-        ago = [0.0 if t is None else max(0.0, now - t) for t in (sent_at or [None] * len(envelope_ids))]
-        cursor.execute(MARK_DISPATCHED_SQL, {"ids": envelope_ids, "token": token, "ago": ago})
-        count, waits = cursor.fetchone()
+        params = {"ids": envelope_ids, "token": token, "ago": _ages(sent_at, len(envelope_ids))}
+        cursor.execute(MARK_DISPATCHED_SQL, params)
+        marked, waits = cursor.fetchone()
     tracing.envelopes_dispatched(envelope_ids)  # outbox-wait spans of traced jobs; no-op without a tracer provider
     if latencies is not None and waits:
         latencies.extend(waits)
-    return count
+    return len(marked or ())
 
 
 MARK_FAILED_SQL = f"""

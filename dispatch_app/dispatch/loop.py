@@ -200,6 +200,7 @@ class DispatchLoop:
             return self._report(total)
         in_flight: Future | None = None
         try:
+            self._mark_sent_ahead(total)
             while not self.stop.is_set():
                 # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
                 limit = self.conf.BATCH_SIZE if self._any_closed() else 1
@@ -264,10 +265,24 @@ class DispatchLoop:
                 duplicates += sent.duplicates
         return sends, duplicates
 
-    def _remember_claims(self, envelopes: list[Claimed]) -> None:
+    def _mark_sent_ahead(self, total: DrainResult) -> None:
+        """Mark what was sent ahead in one statement (claim.MARK_AHEAD_SQL), counted as claimed by this drain;
+        what it could not mark (a peer's lease, a pause) is left to the claim."""
+        ahead = self._sent_ahead
+        if not ahead:
+            return
+        marked = claim.mark_ahead(ahead, total.latencies)
+        attempts = [(envelope_id, ahead.pop(envelope_id)[0]) for envelope_id in marked]
+        self._remember_claims(attempts)
+        total.claimed += len(marked)
+        total.claimed_first += sum(1 for _, attempt in attempts if attempt == 1)
+        total.dispatched += len(marked)
+        total.sent_ahead += len(marked)
+
+    def _remember_claims(self, claims: list[tuple[int, int]]) -> None:
+        """(envelope id, attempt) this loop claimed (or marked after its send ahead)."""
         claimed = self._claimed
-        for envelope in envelopes:
-            claimed[envelope.envelope_id] = envelope.attempt
+        claimed.update(claims)
         while len(claimed) > MAX_REMEMBERED_CLAIMS:
             claimed.popitem(last=False)
 
@@ -399,7 +414,7 @@ class DispatchLoop:
             except PermanentSendError as exc:
                 record.permanent.append((envelope, str(exc)))
 
-        self._remember_claims(batch.envelopes)
+        self._remember_claims([(e.envelope_id, e.attempt) for e in batch.envelopes])
         ahead = self._sent_ahead
         if ahead:
             done = {}
