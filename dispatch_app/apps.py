@@ -12,9 +12,11 @@ class DispatchAppConfig(AppConfig):
 
         from dispatch_app import redis_servers
         from dispatch_app.domains import registry
+        from dispatch_app.settings_rules import TAG, check_settings_rules
 
         redis_servers.ensure_redis_url()
         checks.register(_check_dispatch_settings)
+        checks.register(check_settings_rules, TAG)  # rules between settings (README, "Settings")
         setting_changed.connect(_domains_setting_changed, dispatch_uid="dispatch_app.domains")
         # Declared domains load now, so every queue has its RQ_QUEUES entry before anything reads it.
         registry.all_domains()

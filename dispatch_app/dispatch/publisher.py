@@ -35,7 +35,7 @@ from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 
-from dispatch_app import failpoints, redis_servers
+from dispatch_app import failpoints, redis_servers, rq_internals
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.dispatch.claim import Claimed
@@ -207,7 +207,7 @@ class Publisher:
             status=JobStatus.QUEUED,
         )
         # What Queue.enqueue does before it writes (origin, enqueued_at, timeout, status).
-        queue._prepare_for_queue(job)
+        rq_internals.prepare_for_queue(queue, job)
         return job
 
     def template(self, queue: Queue, envelope: Claimed) -> HashTemplate:

@@ -11,15 +11,110 @@ recorded. Redis trouble is returned in ``error``, never raised.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
 
 import redis
 
-from dispatch_app import redis_servers
+from dispatch_app import lanes, redis_servers, rq_internals
 from dispatch_app.domains import UnknownDomain, get_domain
 from dispatch_app.models import JobAttempt
 from dispatch_app.ops import rqside
+from dispatch_app.rqworker.fetch import TAKEN_BY
 
 LIVE = ("queued", "running")
+
+
+@dataclass
+class JobRQState:
+    """What Redis says about one attempt of a job."""
+
+    rq_id: str
+    queue: str
+    in_redis: bool
+    rq_status: str = ""
+    position: int | None = None  # 1 = next to be taken
+    depth: int | None = None
+    live_workers: int | None = None  # live workers listening on its queue
+    worker: str = ""
+    worker_alive: bool | None = None
+    worker_dead_reason: str = ""
+    last_heartbeat: datetime | None = None  # the job's last heartbeat from its worker (worker host's clock)
+    error: str = ""
+    taken_by: str = ""  # a PipelineWorker took it off the queue and has not started it (rqworker.fetch)
+    # In a late lane (dispatch_app.lanes): the new jobs waiting, which workers take before it.
+    behind_new: int | None = None
+
+    def judge_worker(self, info: rqside.WorkerInfo) -> None:
+        """Take the running worker's verdict; a dead one's last heartbeat is the job's last sign of life."""
+        self.worker_alive, self.worker_dead_reason = info.alive, info.dead_reason
+        if (
+            not info.alive
+            and info.last_heartbeat
+            and (self.last_heartbeat is None or info.last_heartbeat > self.last_heartbeat)
+        ):
+            self.last_heartbeat = info.last_heartbeat
+
+
+def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[tuple[int, int], JobRQState]:
+    """The RQ side of many (job id, attempt, domain queue) on one server: one pipeline for the jobs and their
+    queues' lanes, one for the workers they name. Raises redis.RedisError."""
+    queues = sorted({lane for _, _, q in attempts for lane in lanes.queues(q)})
+    with conn.pipeline(transaction=False) as pipe:
+        for job_id, attempt, queue in attempts:
+            pipe.hmget(
+                rq_internals.job_key(f"pf-{job_id}-{attempt}"), "status", "worker_name", "last_heartbeat", TAKEN_BY
+            )
+            for lane in lanes.queues(queue):
+                pipe.lpos(rqside.queue_key(lane), f"pf-{job_id}-{attempt}")
+        per_job = len(lanes.LANES) + 1
+        for queue in queues:
+            pipe.llen(rqside.queue_key(queue))
+            pipe.smembers(rq_internals.workers_of_queue_key(queue))
+        raw = pipe.execute()
+    per_queue = raw[per_job * len(attempts) :]
+    depth = {q: int(per_queue[2 * i]) for i, q in enumerate(queues)}
+    members = {
+        q: [rqside.text(m).removeprefix(rqside.WORKER_PREFIX) for m in per_queue[2 * i + 1]]
+        for i, q in enumerate(queues)
+    }
+    out = {}
+    for i, (job_id, attempt, queue) in enumerate(attempts):
+        (status, worker, heartbeat, taken_by), *positions = raw[per_job * i : per_job * (i + 1)]
+        # The lane it waits in (the domain queue's own when it waits in none).
+        lane, position = next(
+            ((name, p) for name, p in zip(lanes.queues(queue), positions, strict=True) if p is not None), (queue, None)
+        )
+        # Taken off the queue by a worker that has not started it: that worker is the one to judge.
+        taken_by = rqside.text(taken_by) if position is None and rqside.text(status) == "queued" and not worker else ""
+        out[(job_id, attempt)] = JobRQState(
+            rq_id=f"pf-{job_id}-{attempt}",
+            queue=lane,
+            in_redis=status is not None,
+            rq_status=rqside.text(status),
+            position=None if position is None else int(position) + 1,
+            depth=depth[lane],
+            worker=rqside.text(worker) or taken_by,
+            last_heartbeat=rqside.parse_utc(rqside.text(heartbeat)),
+            taken_by=taken_by,
+            behind_new=depth[queue] if lane != queue else None,
+        )
+    workers = rqside.read_workers(
+        conn, {n for ns in members.values() for n in ns} | {s.worker for s in out.values()} - {""}
+    )
+    for state in out.values():
+        state.live_workers = sum(1 for n in members[state.queue] if workers[n].alive)
+        if state.worker:
+            state.judge_worker(workers[state.worker])
+    return out
+
+
+def job_state(job_id: int, attempt: int, queue: str, conn: redis.Redis | None = None) -> JobRQState:
+    """The RQ side of one attempt: its place in the queue, or the worker running it and whether it lives."""
+    try:
+        return read_jobs(conn or rqside.redis_conn(queue), [(job_id, attempt, queue)])[(job_id, attempt)]
+    except redis.RedisError as exc:
+        return JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=f"{type(exc).__name__}: {exc}")
 
 
 def _queue(domain: str) -> str | None:
@@ -29,27 +124,27 @@ def _queue(domain: str) -> str | None:
         return None
 
 
-def states(jobs, statuses=LIVE) -> dict[int, rqside.JobRQState]:
+def states(jobs, statuses=LIVE) -> dict[int, JobRQState]:
     """{job id: JobRQState} of the current attempt of each job (model instances) in ``statuses``."""
     by_server: dict[str, list] = defaultdict(list)
     running = {job.pk for job in jobs if job.status == "running"}
     for job in jobs:
         if job.status in statuses and (queue := _queue(job.domain)):
             by_server[redis_servers.queue_url(queue)].append((job.pk, job.attempt, queue))
-    out: dict[int, rqside.JobRQState] = {}
+    out: dict[int, JobRQState] = {}
     for group in by_server.values():
         try:
-            read = rqside.read_jobs(rqside.redis_conn(group[0][2]), group)
+            read = read_jobs(rqside.redis_conn(group[0][2]), group)
             out.update((job_id, state) for (job_id, _), state in read.items())
         except redis.RedisError as exc:
             error = f"{type(exc).__name__}: {exc}"
             for job_id, attempt, queue in group:
-                out[job_id] = rqside.JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=error)
+                out[job_id] = JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=error)
     _recorded_workers({pk: s for pk, s in out.items() if pk in running})
     return out
 
 
-def _recorded_workers(candidates: dict[int, rqside.JobRQState]) -> None:
+def _recorded_workers(candidates: dict[int, JobRQState]) -> None:
     """Running jobs whose RQ hash names no worker: the worker each attempt's start recorded (one query)."""
     missing = {pk: s for pk, s in candidates.items() if not s.worker and not s.error}
     if not missing:
@@ -67,11 +162,11 @@ def _recorded_workers(candidates: dict[int, rqside.JobRQState]) -> None:
             state.error = f"{type(exc).__name__}: {exc}"
 
 
-def _since(state: rqside.JobRQState, fmt_instant) -> str:
+def _since(state: JobRQState, fmt_instant) -> str:
     return fmt_instant(state.last_heartbeat) if state.last_heartbeat else "an unknown time"
 
 
-def describe(status: str, state: rqside.JobRQState | None, *, fmt_instant) -> tuple[str, bool]:
+def describe(status: str, state: JobRQState | None, *, fmt_instant) -> tuple[str, bool]:
     """(short text, alarming?) for the list column; ``fmt_instant`` formats an instant like the rest of the page."""
     if state is None:
         return "–", False

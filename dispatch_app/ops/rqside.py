@@ -4,7 +4,7 @@ PostgreSQL says a job is ``queued`` or ``running``; only Redis says whether a
 worker listens on its queue and whether the worker running it is still there.
 Everything here is read-only against Redis (a few pipelined reads per page,
 bounded by a short socket timeout) and joins Redis to PostgreSQL by the RQ job
-id, ``pf-<job>-<attempt>`` (dispatch.publisher.rq_job_id).
+id, ``pf-<job>-<attempt>`` (dispatch.publisher.rq_job_id); one job's RQ side is ``rqjobs``.
 
 Ages are on the database clock: the oldest job waiting in a queue is aged from
 its envelope's ``dispatched_at``; only a worker's last heartbeat is a
@@ -37,17 +37,16 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from dispatch_app import lanes, liveness, redis_servers
+from dispatch_app import lanes, liveness, redis_servers, rq_internals
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
 from dispatch_app.rqworker import health
 from dispatch_app.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
-from dispatch_app.rqworker.fetch import TAKEN_BY
 
 log = logging.getLogger("dispatch_app.ops.rqside")
 
 REDIS_TIMEOUT = 2.0
-WORKER_PREFIX = "rq:worker:"
+WORKER_PREFIX = rq_internals.worker_key_prefix()
 # A PipelineWorker silent for this many of its heartbeat periods is not alive (one late beat is not death).
 SILENT_PERIODS = 2.5
 
@@ -62,15 +61,14 @@ def redis_conn(queue: str | None = None) -> redis.Redis:
     return _redis(redis_servers.queue_url(queue) if queue else settings.REDIS_URL)
 
 
-def queue_key(queue: str) -> str:
-    return f"rq:queue:{queue}"
+queue_key = rq_internals.queue_key
 
 
-def _text(value) -> str:
+def text(value) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
 
 
-def _utc(value: str) -> datetime | None:
+def parse_utc(value: str) -> datetime | None:
     """RQ's timestamps (``utcformat``): ISO 8601 in UTC, with or without a trailing Z."""
     if not value:
         return None
@@ -143,7 +141,7 @@ def _judge(
 ) -> WorkerInfo:
     pid = int(data["pid"]) if data.get("pid", "").isdigit() else None
     host = data.get("hostname", "")
-    last_heartbeat = _utc(data.get("last_heartbeat", ""))
+    last_heartbeat = parse_utc(data.get("last_heartbeat", ""))
     age = (redis_now - last_heartbeat).total_seconds() if redis_now and last_heartbeat else None
     interval = _float(data.get(HEARTBEAT_INTERVAL_FIELD, ""))
     alive, reason = True, ""
@@ -190,12 +188,12 @@ def read_workers(conn: redis.Redis, names) -> dict[str, WorkerInfo]:
         (seconds, micros), *raw = pipe.execute()
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     local = socket.gethostname()
-    hashes = [{_text(k): _text(v) for k, v in raw[2 * i].items()} for i in range(len(names))]
+    hashes = [{text(k): text(v) for k, v in raw[2 * i].items()} for i in range(len(names))]
     sessions = liveness.judged(
         {name: data.get(liveness.WORKER_HASH_FIELD) for name, data in zip(names, hashes, strict=True)}
     )
     return {
-        name: _judge(name, hashes[i], local, redis_now, [_text(e) for e in raw[2 * i + 1]], sessions.get(name))
+        name: _judge(name, hashes[i], local, redis_now, [text(e) for e in raw[2 * i + 1]], sessions.get(name))
         for i, name in enumerate(names)
     }
 
@@ -293,14 +291,14 @@ def _read_server(conn: redis.Redis, infos: list[QueueInfo]) -> dict[str, WorkerI
             for name in lanes.queues(info.queue):
                 pipe.llen(queue_key(name))
                 pipe.lindex(queue_key(name), 0)
-                pipe.smembers(f"rq:workers:{name}")
+                pipe.smembers(rq_internals.workers_of_queue_key(name))
         raw = iter(pipe.execute())
     names: set[str] = set()
     for info in infos:
         for lane, name in zip(lanes.LANES, lanes.queues(info.queue), strict=True):
             depth, head, members = next(raw), next(raw), next(raw)
-            lane_workers = sorted(_text(m).removeprefix(WORKER_PREFIX) for m in members)
-            info.lanes[lane] = {"queue": name, "depth": int(depth), "head": _text(head), "workers": lane_workers}
+            lane_workers = sorted(text(m).removeprefix(WORKER_PREFIX) for m in members)
+            info.lanes[lane] = {"queue": name, "depth": int(depth), "head": text(head), "workers": lane_workers}
             names.update(lane_workers)
         info.depth = sum(lane["depth"] for lane in info.lanes.values())
         info.workers = sorted({w for lane in info.lanes.values() for w in lane["workers"]})
@@ -314,88 +312,3 @@ def _worker_dict(w: WorkerInfo) -> dict:
     data["dead_since"] = w.dead_since.isoformat() if w.dead_since else None
     data["failing_every_job"] = w.failing_every_job
     return data
-
-
-@dataclass
-class JobRQState:
-    """What Redis says about one attempt of a job."""
-
-    rq_id: str
-    queue: str
-    in_redis: bool
-    rq_status: str = ""
-    position: int | None = None  # 1 = next to be taken
-    depth: int | None = None
-    live_workers: int | None = None  # live workers listening on its queue
-    worker: str = ""
-    worker_alive: bool | None = None
-    worker_dead_reason: str = ""
-    last_heartbeat: datetime | None = None  # the job's last heartbeat from its worker (worker host's clock)
-    error: str = ""
-    taken_by: str = ""  # a PipelineWorker took it off the queue and has not started it (rqworker.fetch)
-    # In a late lane (dispatch_app.lanes): the new jobs waiting, which workers take before it.
-    behind_new: int | None = None
-
-    def judge_worker(self, info: WorkerInfo) -> None:
-        """Take the running worker's verdict; a dead one's last heartbeat is the job's last sign of life."""
-        self.worker_alive, self.worker_dead_reason = info.alive, info.dead_reason
-        if (
-            not info.alive
-            and info.last_heartbeat
-            and (self.last_heartbeat is None or info.last_heartbeat > self.last_heartbeat)
-        ):
-            self.last_heartbeat = info.last_heartbeat
-
-
-def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[tuple[int, int], JobRQState]:
-    """The RQ side of many (job id, attempt, domain queue) on one server: one pipeline for the jobs and their
-    queues' lanes, one for the workers they name. Raises redis.RedisError."""
-    queues = sorted({lane for _, _, q in attempts for lane in lanes.queues(q)})
-    with conn.pipeline(transaction=False) as pipe:
-        for job_id, attempt, queue in attempts:
-            pipe.hmget(f"rq:job:pf-{job_id}-{attempt}", "status", "worker_name", "last_heartbeat", TAKEN_BY)
-            for lane in lanes.queues(queue):
-                pipe.lpos(queue_key(lane), f"pf-{job_id}-{attempt}")
-        per_job = len(lanes.LANES) + 1
-        for queue in queues:
-            pipe.llen(queue_key(queue))
-            pipe.smembers(f"rq:workers:{queue}")
-        raw = pipe.execute()
-    per_queue = raw[per_job * len(attempts) :]
-    depth = {q: int(per_queue[2 * i]) for i, q in enumerate(queues)}
-    members = {q: [_text(m).removeprefix(WORKER_PREFIX) for m in per_queue[2 * i + 1]] for i, q in enumerate(queues)}
-    out = {}
-    for i, (job_id, attempt, queue) in enumerate(attempts):
-        (status, worker, heartbeat, taken_by), *positions = raw[per_job * i : per_job * (i + 1)]
-        # The lane it waits in (the domain queue's own when it waits in none).
-        lane, position = next(
-            ((name, p) for name, p in zip(lanes.queues(queue), positions, strict=True) if p is not None), (queue, None)
-        )
-        # Taken off the queue by a worker that has not started it: that worker is the one to judge.
-        taken_by = _text(taken_by) if position is None and _text(status) == "queued" and not worker else ""
-        out[(job_id, attempt)] = JobRQState(
-            rq_id=f"pf-{job_id}-{attempt}",
-            queue=lane,
-            in_redis=status is not None,
-            rq_status=_text(status),
-            position=None if position is None else int(position) + 1,
-            depth=depth[lane],
-            worker=_text(worker) or taken_by,
-            last_heartbeat=_utc(_text(heartbeat)),
-            taken_by=taken_by,
-            behind_new=depth[queue] if lane != queue else None,
-        )
-    workers = read_workers(conn, {n for ns in members.values() for n in ns} | {s.worker for s in out.values()} - {""})
-    for state in out.values():
-        state.live_workers = sum(1 for n in members[state.queue] if workers[n].alive)
-        if state.worker:
-            state.judge_worker(workers[state.worker])
-    return out
-
-
-def job_state(job_id: int, attempt: int, queue: str, conn: redis.Redis | None = None) -> JobRQState:
-    """The RQ side of one attempt: its place in the queue, or the worker running it and whether it lives."""
-    try:
-        return read_jobs(conn or redis_conn(queue), [(job_id, attempt, queue)])[(job_id, attempt)]
-    except redis.RedisError as exc:
-        return JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=f"{type(exc).__name__}: {exc}")

@@ -27,11 +27,11 @@ import sys
 from rq import serializers, utils
 from rq.serializers import JSONSerializer
 
-# The RQ modules that import ``resolve_serializer`` by name (rq 2.x/3.x). ``rq.serializers`` goes first:
-# one of these imported later then takes the fast path from it.
-SERIALIZER_MODULES = ("rq.serializers", "rq.job", "rq.queue", "rq.registry", "rq.results", "rq.scheduler", "rq.cron")
-# ``str_to_date`` (rq.job) looks ``utcparse`` up in rq.utils; the scheduler imports it by name.
-UTCPARSE_MODULES = ("rq.utils", "rq.scheduler")
+from dispatch_app import rq_internals
+
+# The RQ module globals replaced here are listed (and checked against RQ) in ``dispatch_app.rq_internals``.
+SERIALIZER_MODULES = rq_internals.SERIALIZER_MODULES
+UTCPARSE_MODULES = rq_internals.UTCPARSE_MODULES
 
 _resolve_serializer = serializers.resolve_serializer
 _utcparse = utils.utcparse

@@ -29,7 +29,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
-from dispatch_app import lanes
+from dispatch_app import lanes, rq_internals
 from dispatch_app.rqworker import admission
 
 TAKEN_BY = "pf_taken_by"
@@ -170,8 +170,8 @@ class Start:
 def mark_started(job: Job, worker_name: str, at: datetime, execution: Execution) -> Execution:
     """What a start's writes set on the job in Redis (RQ's prepare_for_execution), on the job in hand."""
     job.worker_name, job.last_heartbeat, job.started_at = worker_name, at, at
-    job._status = JobStatus.STARTED
-    execution._job = job
+    rq_internals.set_status(job, JobStatus.STARTED)
+    rq_internals.attach_job(execution, job)
     return execution
 
 

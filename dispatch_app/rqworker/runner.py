@@ -56,7 +56,7 @@ class Plan:
 
 def parse_queues(text: str | None) -> tuple[str, ...]:
     """``a,b`` -> ("a", "b"); every name must be a domain queue (dispatch_app.domains.queue_names()) or one
-    of their lanes (``delivery.recovery``). A domain queue brings its lanes (``worker.with_lanes``); a lane
+    of their lanes (``delivery.recovery``). A domain queue brings its lanes (``lane_share.with_lanes``); a lane
     named alone is listened on alone, which is how recovered work gets workers of its own."""
     if text is None:
         return queue_names()

@@ -13,6 +13,7 @@ import logging
 from rq.executions import Execution
 from rq.worker import WorkerStatus
 
+from dispatch_app import rq_internals
 from dispatch_app.rqworker.fetch import Start, mark_started
 from dispatch_app.rqworker.start_template import StartTemplate
 
@@ -86,7 +87,7 @@ class StartsMixin:
             return None  # the previous job's end goes first, in the start's transaction (``_write_start``)
         index, job_id, _ = popped
         queue = self._fetcher.queues[index]
-        timeout = self._timeouts.get(queue.name, queue._default_timeout)
+        timeout = self._timeouts.get(queue.name, rq_internals.default_timeout(queue))
         assumed = "" if timeout is None else str(timeout)
         state = self.get_state()
         template = self._start_template(queue, timeout)

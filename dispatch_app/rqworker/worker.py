@@ -17,6 +17,9 @@ in fewer, larger transactions:
 - a success stores no result payload (PostgreSQL is the record): the job's
   status, end time, finished registry entry and the worker's counters remain.
 
+The late lanes' share is ``lane_share``; the end writes are ``writes``; every RQ internal this class
+overrides or calls is listed (and checked at start-up) in ``dispatch_app.rq_internals``.
+
 Failures, retries, callbacks and dependents go through RQ's own code. The
 loop survives Redis outages (waits, reconnects with backoff) instead of exiting.
 """
@@ -31,25 +34,24 @@ import time
 
 import redis
 from rq.exceptions import DeserializationError, StopRequested
-from rq.executions import Execution
-from rq.job import JobStatus, Retry
-from rq.rate_limit import release_slot
+from rq.job import Retry
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.utils import now, utcformat
-from rq.worker import SimpleWorker, WorkerStatus
+from rq.worker import SimpleWorker
 from rq.worker_registration import register
 
-from dispatch_app import lanes
+from dispatch_app import rq_internals
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.domains import queue_names
 from dispatch_app.rqworker import admission, fast_paths, prestart
 from dispatch_app.rqworker.beat import Heartbeat, start_beacon
 from dispatch_app.rqworker.evidence import EvidenceMixin
 from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
+from dispatch_app.rqworker.lane_share import LaneShare, with_lanes
 from dispatch_app.rqworker.outage import OutageMixin
 from dispatch_app.rqworker.start_template import StartTemplate
 from dispatch_app.rqworker.starts import StartsMixin
+from dispatch_app.rqworker.writes import WritesMixin
 
 log = logging.getLogger("dispatch_app.rqworker")
 
@@ -69,25 +71,12 @@ IDLE_WAIT_SECONDS = 1.0
 RESCUE_SECONDS = 30.0
 
 
-def with_lanes(queues) -> list:
-    """A domain queue named alone brings its late lanes (``dispatch_app.lanes``); a lane named alone stays alone."""
-    declared = set(queue_names())
-    given = list(queues) if isinstance(queues, list | tuple) else [queues]
-    names = {q if isinstance(q, str) else q.name for q in given}
-    out = []
-    for queue in given:
-        out.append(queue)
-        name = queue if isinstance(queue, str) else queue.name
-        if name in declared:
-            out += [lane for lane in lanes.queues(name)[1:] if lane not in names]
-    return out
-
-
-class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
+class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
     def __init__(self, queues, *args, prefetch: int | None = None, heartbeat_interval: float | None = None, **kwargs):
         # JSON always: a job planted in Redis must not be able to run code (pickle), and our
         # publisher writes JSON; a worker on another serializer would fail every job.
         kwargs["serializer"] = kwargs.get("serializer") or JSONSerializer
+        rq_internals.verify()  # an RQ without what this class overrides or calls fails here, by name
         fast_paths.install()
         # Started by another launcher (``rqworker --worker-class``, rq's WorkerPool): the DISPATCH settings.
         conf = dispatch_settings()
@@ -109,11 +98,7 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         self._start_templates: dict[tuple, StartTemplate | None] = {}
         self._in_doubt: tuple | None = None  # (popped, start) of a take whose reply was lost
         self._held: prestart.Held | None = None  # a start made ahead of its take, until the job runs
-        self.late_every = conf.RECOVERY_LANE_EVERY
-        self._new_since_late = 0  # new-lane jobs taken since the last late-lane one (the late lanes' share)
-        # Late work may be waiting until a take that looked there first found none: until then the new
-        # lanes are taken in runs that leave room for the share.
-        self._late_waiting = True
+        self.lane_share = LaneShare(conf.RECOVERY_LANE_EVERY)
         super().__init__(with_lanes(queues), *args, **kwargs)
 
     # --- connection and lifecycle -------------------------------------------------
@@ -156,6 +141,7 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v}
         self._retrying(lambda: super(PipelineWorker, self).bootstrap(logging_level, **kwargs), "worker_start")
         self._fetcher = Fetcher(self.connection, self._ordered_queues, self.job_class, self.serializer, self.name)
+        self.lane_share.has_late = self._fetcher.has_late
         self._beat = Heartbeat(self, self.heartbeat_interval)
         self._beat.start()
         # Its PostgreSQL session says "alive" to recovery and the dashboard; a kill ends it at once (beat.py).
@@ -252,8 +238,8 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             for t, _ in self._buffer:
                 self._drop_held("it waited in the worker's hand too long and went back to its queue", t.job.id)
             self._buffer.clear()
-        late_first = self._late_due()
-        limit = self._lane_limit(limit)
+        late_first = self.lane_share.late_due()
+        limit = self.lane_share.limit(limit)
         try:
             batch = self._fetcher.take(limit, late_first=late_first)
         except Suspended:
@@ -269,7 +255,7 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             if popped is None:
                 return None
             start = self._record_start(popped)
-            late_first = self._late_due()
+            late_first = self.lane_share.late_due()
             pending = self._fetcher.send_take(limit, popped, start, late_first=late_first)
             if pending.error is None:
                 # The job's start in PostgreSQL while Redis runs the take (prestart).
@@ -287,31 +273,10 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
                 self._drop_held("its job's hash was gone from Redis when the worker took it")
             if not batch:
                 return None
-        self._count_lanes(batch, late_first)
+        self.lane_share.count([taken.queue.name for taken in batch], late_first)
         at = time.monotonic()
         self._buffer = [(t, at) for t in batch[1:]]
         return batch[0]
-
-    # --- lanes (dispatch_app.lanes) ------------------------------------------------------------
-    # New work is taken first; a late lane's job only alone and when no new work was there, so new work
-    # waits behind at most the one late job running. Under saturation of both, one job in every
-    # RECOVERY_LANE_EVERY is a late one: recovered work still moves, at that share.
-    def _late_due(self) -> bool:
-        """After ``RECOVERY_LANE_EVERY - 1`` new jobs in a row, a late job (if any) goes first."""
-        return self._fetcher.has_late and self._new_since_late >= self.late_every - 1
-
-    def _lane_limit(self, limit: int) -> int:
-        """A take of new work stops where the late lanes' share falls due, while late work may be waiting."""
-        if not (self._late_waiting and self._fetcher.has_late):
-            return limit
-        return max(1, min(limit, self.late_every - 1 - self._new_since_late))
-
-    def _count_lanes(self, batch: list[Taken], late_first: bool) -> None:
-        late = any(lanes.is_late(taken.queue.name) for taken in batch)
-        if late or late_first:
-            self._late_waiting = late
-        for taken in batch:
-            self._new_since_late = 0 if lanes.is_late(taken.queue.name) else self._new_since_late + 1
 
     def _take_limit(self) -> int:
         """How many ready jobs to take at once (``PREFETCH_WAIT_BUDGET``); all of WORKER_PREFETCH before any ran."""
@@ -386,7 +351,7 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
             return
         self._ran(time.monotonic() - started)
         job.ended_at = now()
-        job._result = return_value
+        rq_internals.set_result(job, return_value)
         if isinstance(return_value, Retry) or job.success_callback:
             # Retries and success callbacks: RQ's own handling, one job at a time.
             self._outcome("f" if isinstance(return_value, Retry) else "s")
@@ -394,72 +359,12 @@ class PipelineWorker(StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
         self._outcome("s")
         self._pending = (job, queue, execution)
 
-    # --- the writes ----------------------------------------------------------------------
-    def _write_start(self, job, queue) -> Execution:
-        """One transaction: the previous job's end, then this job's start (RQ's prepare_execution +
-        prepare_job_execution, minus the per-job heartbeats)."""
-        with self.connection.pipeline() as pipe:
-            after = self._write_end(pipe)
-            execution = self._start_writes(pipe, job, queue)
-            self._write_fields(pipe)
-            results = pipe.execute()
-        self.executions[execution.id] = execution
-        self._after_end(after, results)
-        return execution
-
-    def _flush_pending(self, idle: bool = False) -> None:
-        with self.connection.pipeline() as pipe:
-            after = self._write_end(pipe)
-            if idle and self.get_state() != WorkerStatus.IDLE:
-                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            self._write_fields(pipe)
-            if not len(pipe):
-                return
-            results = pipe.execute()
-        self._after_end(after, results)
-
-    def _write_end(self, pipe):
-        """RQ's handle_job_success for the pending job, without the result payload or the WATCH on
-        dependents (checked in the same transaction instead: the project's jobs have none)."""
-        if self._pending is None:
-            return None
-        job, queue, execution = self._pending
-        job._status = JobStatus.FINISHED
-        self.increment_successful_job_count(pipeline=pipe)
-        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-        pipe.hset(job.key, mapping={"status": JobStatus.FINISHED, "ended_at": utcformat(job.ended_at)})
-        result_ttl = job.get_result_ttl(self.default_result_ttl)
-        if result_ttl != 0:
-            job.finished_job_registry.add(job, result_ttl, pipe)
-        job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-        self.cleanup_execution(job, pipeline=pipe, execution=execution)
-        index = len(pipe)
-        pipe.exists(job.dependents_key)
-        return job, queue, index
-
-    def _after_end(self, after, results) -> None:
-        if after is None:
-            return
-        # Written: until now a failed write leaves it pending, to be written after a Redis outage.
-        self._pending = None
-        self.successful_job_count += 1
-        job, queue, index = after
-        if results[index]:
-            self._enqueue_dependents_safely(queue, job)
-        release_slot(job)
-        job.send_webhooks(JobStatus.FINISHED)
-
     def _drop_held(self, why: str, rq_id: str | None = None) -> None:
         """Withdraw the start made ahead of the take (prestart) when its job will not run here."""
         held = self._held
         if held is not None and (rq_id is None or held.rq_id == rq_id):
             self._held = None
             prestart.withdraw(held, why)
-
-    def _write_fields(self, pipe) -> None:
-        if self._pending_fields:
-            pipe.hset(self.key, mapping=self._pending_fields)
-            self._pending_fields = {}
 
     def _rescue_orphans(self) -> None:
         """At start-up and then every RESCUE_SECONDS: return jobs that dead workers took but never started."""

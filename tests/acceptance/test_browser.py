@@ -196,7 +196,7 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from dispatch_app.models import Job
-    from dispatch_app.ops import rqside
+    from dispatch_app.ops import rqjobs, rqside
     from dispatch_app.outbox import submit_many
     from tests.factories import PAYLOADS
 
@@ -241,7 +241,7 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         wait_until(
             lambda: Job.objects.filter(pk=stuck.pk, status="running").exists(), 60, message="the agent job to start"
         )
-        state = rqside.job_state(stuck.pk, 1, "agent")
+        state = rqjobs.job_state(stuck.pk, 1, "agent")
         victim = state.worker or next(w.name for w in _live_workers("agent"))
         conn, key = rqside.redis_conn("agent"), rqside.WORKER_PREFIX + victim
         conn.hset(key, "hostname", "other-host")

@@ -14,7 +14,7 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app.dispatch.claim import claim_batch
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
-from dispatch_app.ops import actions, board, rqside
+from dispatch_app.ops import actions, board, rqjobs
 from dispatch_app.outbox import submit
 from tests.factories import PAYLOADS
 from tests.integration.opsdata import envelope, job, sql
@@ -69,7 +69,7 @@ def test_queued_jobs_with_no_worker_are_red_with_depth_and_the_oldest_wait(redis
     assert len(no_worker) == 1 and "delivery: 3 job(s) waiting in RQ queue delivery" in no_worker[0]["text"]
     assert "no-dispatcher" in banner_keys(data)
 
-    state = rqside.job_state(waiting[1].pk, 1, "delivery", redis_conn)
+    state = rqjobs.job_state(waiting[1].pk, 1, "delivery", redis_conn)
     assert (state.position, state.depth, state.live_workers) == (2, 3, 0)
 
     # A worker comes: the banner goes, the count shows it.
@@ -77,7 +77,7 @@ def test_queued_jobs_with_no_worker_are_red_with_depth_and_the_oldest_wait(redis
     data = board.build(redis_conn=redis_conn)
     assert data["domains"]["delivery"]["rq"]["live_workers"] == 1
     assert "no-worker" not in banner_keys(data)
-    assert rqside.job_state(waiting[1].pk, 1, "delivery", redis_conn).live_workers == 1
+    assert rqjobs.job_state(waiting[1].pk, 1, "delivery", redis_conn).live_workers == 1
     w.register_death()
 
 
@@ -87,11 +87,11 @@ def test_a_running_job_whose_worker_is_gone_says_so(redis_conn):
     rq_job = enqueue(redis_conn, "image_series", j.pk)
     w = worker(redis_conn, "image_series", name="w-gone")
     w.prepare_job_execution(rq_job)  # what RQ does when the worker takes the job: job hash names the worker
-    state = rqside.job_state(j.pk, 1, "image_series", redis_conn)
+    state = rqjobs.job_state(j.pk, 1, "image_series", redis_conn)
     assert (state.worker, state.worker_alive) == ("w-gone", True)
     # Killed without a goodbye: its hash is gone when the TTL runs out (done here at once).
     redis_conn.delete(w.key)
-    state = rqside.job_state(j.pk, 1, "image_series", redis_conn)
+    state = rqjobs.job_state(j.pk, 1, "image_series", redis_conn)
     assert state.worker_alive is False and "hash is gone" in state.worker_dead_reason
     assert state.last_heartbeat is not None
 

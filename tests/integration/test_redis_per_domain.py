@@ -144,7 +144,7 @@ def test_each_domain_goes_to_its_own_redis_and_one_outage_pauses_only_its_domain
 
 
 def test_the_rq_side_reads_each_queue_on_its_server_and_one_down_hides_only_its_queues(two_redis):
-    from dispatch_app.ops import rqside
+    from dispatch_app.ops import rqjobs, rqside
     from dispatch_app.rqworker import health
 
     up, down = two_redis
@@ -153,7 +153,7 @@ def test_the_rq_side_reads_each_queue_on_its_server_and_one_down_hides_only_its_
     snap = rqside.snapshot()
     assert snap["error"] == ""
     assert (snap["domains"]["delivery"]["depth"], snap["domains"]["workflow"]["depth"]) == (2, 1)
-    assert rqside.job_state(3, 1, "workflow").position == 1  # read on workflow's server
+    assert rqjobs.job_state(3, 1, "workflow").position == 1  # read on workflow's server
 
     down.stop()
     snap = rqside.snapshot()
@@ -162,7 +162,7 @@ def test_the_rq_side_reads_each_queue_on_its_server_and_one_down_hides_only_its_
     workers = health.snapshot()
     assert workers["error"].startswith("Redis unavailable (") and "workflow" not in workers["error"]
     assert redis_servers.label(redis_servers.queue_url("workflow")) in workers["error"]
-    assert rqside.job_state(3, 1, "workflow").error
+    assert rqjobs.job_state(3, 1, "workflow").error
 
 
 def test_runworkers_refuses_queues_of_two_servers_and_names_the_runs_to_start_instead():

@@ -19,10 +19,10 @@ from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat, utcparse
+from rq.worker import WorkerStatus
 
 from dispatch_app.rqworker import PipelineWorker
 from dispatch_app.rqworker.start_template import StartTemplate
-from dispatch_app.rqworker.worker import WorkerStatus
 
 QUEUE = "delivery"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")

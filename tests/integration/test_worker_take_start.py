@@ -15,10 +15,10 @@ from rq.exceptions import DeserializationError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 
 from dispatch_app.rqworker import PipelineWorker
 from dispatch_app.rqworker.fetch import Fetcher
-from dispatch_app.rqworker.worker import WorkerStatus
 
 QUEUE = "delivery"
 
