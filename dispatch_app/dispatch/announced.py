@@ -19,12 +19,23 @@ run. ``DISPATCH["SEND_ANNOUNCED"] = False`` claims first, as before.
 from __future__ import annotations
 
 import json
-from collections import deque
+import logging
+import time
+from collections import OrderedDict, deque
 
+from dispatch_app import redis_servers
 from dispatch_app.conf import ANNOUNCE_PREFIX
+from dispatch_app.dispatch import claim
+from dispatch_app.dispatch.breaker import CLOSED, outage_reason
 from dispatch_app.dispatch.claim import Claimed
+from dispatch_app.dispatch.publisher import PermanentSendError
+
+log = logging.getLogger("dispatch_app.dispatch")
 
 PREFIX = ANNOUNCE_PREFIX
+# Bounds the memory of the loop's recent claims: forgetting one costs at most one duplicate send (RQ's
+# create-if-absent leaves the job alone), never a lost or second run.
+MAX_REMEMBERED_CLAIMS = 8192
 
 
 class BadAnnouncement(ValueError):
@@ -53,3 +64,103 @@ def take(announced: deque[Claimed]) -> list[Claimed]:
             out.append(announced.popleft())
         except IndexError:
             return out
+
+
+class SendAhead:
+    """The dispatch loop's head start: send announced envelopes, mark them, and remember what was claimed.
+
+    ``sent``: envelope id -> (attempt, ``time.monotonic()`` when its send started), sent and not yet marked.
+    ``recent``: envelope id -> attempt of this loop's recent claims and marks: an announcement that reaches the
+    loop after the claim that took its envelope (the listener hears the NOTIFY while a drain runs) is not sent
+    again.
+    """
+
+    def __init__(self, publisher, breaker_for, chunk_size: int):
+        self.publisher = publisher
+        self.breaker_for = breaker_for
+        self.chunk_size = chunk_size
+        self.sent: dict[int, tuple[int, float]] = {}
+        self.recent: OrderedDict[int, int] = OrderedDict()
+
+    def send(self, envelopes: list[Claimed]) -> tuple[int, int]:
+        """Send now what was announced (not what this loop claimed already). Returns (sent, of which duplicates)."""
+        per_server: dict[str, list[Claimed]] = {}
+        for envelope in envelopes:
+            if self.recent.get(envelope.envelope_id) == envelope.attempt:
+                continue
+            try:
+                self.publisher.check(envelope)
+            except PermanentSendError:
+                continue  # the claim dead-letters it with the reason
+            server = self.publisher.server(envelope.queue)
+            # A paused or probing server gets nothing ahead of its breaker.
+            if self.breaker_for(server).state == CLOSED:
+                per_server.setdefault(server, []).append(envelope)
+        sends = duplicates = 0
+        size = self.chunk_size
+        for server, ahead in per_server.items():
+            for start in range(0, len(ahead), size):
+                chunk = ahead[start : start + size]
+                at = time.monotonic()
+                try:
+                    result = self.publisher.send(chunk)
+                except Exception as exc:  # noqa: BLE001 - unsent: the claim sends them as it always did
+                    self._failed(server, exc)
+                    break
+                failed = {envelope.envelope_id for envelope, _ in result.failed}
+                self.sent.update((e.envelope_id, (e.attempt, at)) for e in chunk if e.envelope_id not in failed)
+                sends += len(chunk) - len(failed)
+                duplicates += result.duplicates
+        return sends, duplicates
+
+    def mark(self, total) -> None:
+        """Mark what was sent in one statement (claim.MARK_AHEAD_SQL), counted in ``total`` (the drain's
+        DrainResult) as claimed and dispatched; what it could not mark (a peer's lease, a pause) is left to the
+        claim."""
+        if not self.sent:
+            return
+        marked = claim.mark_ahead(self.sent, total.latencies)
+        attempts = [(envelope_id, self.sent.pop(envelope_id)[0]) for envelope_id in marked]
+        self.remember(attempts)
+        total.claimed += len(marked)
+        total.claimed_first += sum(1 for _, attempt in attempts if attempt == 1)
+        total.dispatched += len(marked)
+        total.sent_ahead += len(marked)
+
+    def claimed(self, sendable: list[Claimed]) -> tuple[list[Claimed], dict[int, float]]:
+        """Split a claim's envelopes: those still to send, and those sent ahead (id -> send start), forgotten here."""
+        done: dict[int, float] = {}
+        if self.sent:
+            for envelope in sendable:
+                sent = self.sent.get(envelope.envelope_id)
+                if sent is not None and sent[0] == envelope.attempt:
+                    done[envelope.envelope_id] = sent[1]
+                    del self.sent[envelope.envelope_id]
+        return ([e for e in sendable if e.envelope_id not in done] if done else sendable), done
+
+    def remember(self, claims: list[tuple[int, int]]) -> None:
+        """(envelope id, attempt) this loop claimed, or marked after its send ahead."""
+        recent = self.recent
+        recent.update(claims)
+        while len(recent) > MAX_REMEMBERED_CLAIMS:
+            recent.popitem(last=False)
+
+    def _failed(self, server: str, exc: BaseException) -> None:
+        reason = outage_reason(exc)
+        error = f"{type(exc).__name__}: {exc}"
+        if reason is None:
+            log.info(
+                "announced envelopes not sent ahead of their claim (%s); the claim sends them",
+                error,
+                extra={"action": "send_ahead_failed", "domain": "dispatch"},
+            )
+            return
+        # Redis as a whole refuses: the breaker pauses dispatch now rather than after the claim's send times out.
+        self.breaker_for(server).failed(reason, error)
+        log.warning(
+            "dispatch paused: %s (%s) on %s; its envelopes wait for the probe, uncounted",
+            reason,
+            error,
+            redis_servers.label(server),
+            extra={"action": "dispatch_paused", "domain": "dispatch"},
+        )

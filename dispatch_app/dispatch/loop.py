@@ -20,17 +20,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 from django.db import connection
 
 from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings, check_lease
 from dispatch_app.dispatch import announced, claim, outage
-from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker, outage_reason
-from dispatch_app.dispatch.claim import Claimed
+from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
+from dispatch_app.dispatch.drain_result import DrainResult
 from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
@@ -41,68 +39,11 @@ log = logging.getLogger("dispatch_app.dispatch")
 
 # Bounds the memory of given-back envelope ids (beyond it, a long outage's backlog may count as missed wake-ups).
 MAX_REMEMBERED_GIVE_BACKS = 100_000
-# Bounds the memory of this loop's recent claims: forgetting one
-# costs at most one duplicate send (RQ's create-if-absent leaves the job alone), never a lost or second run.
-MAX_REMEMBERED_CLAIMS = 8192
 
 
 def check_send_lease(conf: DispatchSettings, publisher: Publisher | None = None) -> float:
     """At start-up: LEASE_SECONDS must outlast the worst case of a batch's sends on this Redis (conf.check_lease)."""
     return check_lease(conf, **(publisher or Publisher(conf)).send_limits())
-
-
-@dataclass
-class DrainResult:
-    trigger: str = TICK
-    batches: int = 0
-    claimed: int = 0
-    claimed_first: int = 0  # of those, first attempts (new work; the rest are re-dispatches)
-    again_full: bool = False  # the last claim took its most re-dispatches (claim.AGAIN_PER_CLAIM): claim again
-    dispatched: int = 0
-    sends: int = 0  # envelopes Redis answered for (ahead of their claim or after it): > dispatched is waste
-    duplicates: int = 0  # of those, sends that found the RQ job there already
-    failed: int = 0
-    dead: int = 0
-    released: int = 0
-    lost_lease: int = 0
-    unannounced: int = 0  # first sends found by a tick-triggered scan: a missed wake-up
-    sent_ahead: int = 0  # claimed after their send: a writer named them in its NOTIFY (dispatch.announced)
-    outage_released: int = 0  # given back uncounted: Redis as a whole refused (never dead-lettered)
-    outage: str = ""  # why Redis as a whole refused this drain's sends (breaker.outage_reason), if it did
-    # The breaker after this drain (set by run_once, for the heartbeat and the metrics).
-    breaker: BreakerState = field(default_factory=lambda: BreakerState(CLOSED))
-    paused: bool = False  # nothing was claimed: the breaker is open and its probe is not due
-    batch_sizes: list[int] = field(default_factory=list)
-    # For the metrics (dispatch_app.ops.metrics): outbox waits of the envelopes marked
-    # dispatched (s, database clock), and host time spent getting a connection / claiming.
-    latencies: list[float] = field(default_factory=list)
-    connect_seconds: float = 0.0
-    claim_seconds: float = 0.0
-    # From the drain's last claim: seconds until the next pending envelope not yet claimable falls due.
-    next_due_in: float | None = None
-
-    def add(self, other: DrainResult) -> None:
-        for name in (
-            "batches",
-            "claimed",
-            "claimed_first",
-            "dispatched",
-            "sends",
-            "duplicates",
-            "failed",
-            "dead",
-            "released",
-            "lost_lease",
-            "unannounced",
-            "sent_ahead",
-            "outage_released",
-            "connect_seconds",
-            "claim_seconds",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.outage = self.outage or other.outage
-        self.batch_sizes.extend(other.batch_sizes)
-        self.latencies.extend(other.latencies)
 
 
 class DispatchLoop:
@@ -136,11 +77,8 @@ class DispatchLoop:
         self._clock = clock
         # When the last claim said the next pending envelope falls due (loop clock), or None.
         self._due_at: float | None = None
-        # Envelope id -> (attempt, time.monotonic() at its send), sent before their claim (dispatch.announced).
-        self._sent_ahead: dict[int, tuple[int, float]] = {}
-        # Envelope id -> attempt, most recent claims of this loop: an announcement that reaches the loop after
-        # the claim that took its envelope (the listener hears the NOTIFY while the drain runs) is not sent again.
-        self._claimed: OrderedDict[int, int] = OrderedDict()
+        # What writers announced in their NOTIFY: sent before any claim, then marked (dispatch.announced).
+        self.ahead = announced.SendAhead(self.publisher, self._breaker, conf.SEND_CHUNK_SIZE)
         # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
         self.breakers: dict[str, CircuitBreaker] = {}
         for server in self.publisher.servers():
@@ -160,6 +98,10 @@ class DispatchLoop:
                 clock=self._clock,
             )
         return breaker
+
+    @property
+    def _sent_ahead(self) -> dict[int, tuple[int, float]]:
+        return self.ahead.sent
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -193,14 +135,16 @@ class DispatchLoop:
         """
         total = DrainResult(trigger=trigger)
         self.scans += 1
-        total.sends, total.duplicates = self._send_announced()
+        envelopes = announced.take(self.wake.announced)
+        if envelopes and self.conf.SEND_ANNOUNCED and not self.stop.is_set():
+            total.sends, total.duplicates = self.ahead.send(envelopes)
         # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
         if not [breaker.allow() for breaker in self.breakers.values()].count(True):
             total.paused = True
             return self._report(total)
         in_flight: Future | None = None
         try:
-            self._mark_sent_ahead(total)
+            self.ahead.mark(total)
             while not self.stop.is_set():
                 # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
                 limit = self.conf.BATCH_SIZE if self._any_closed() else 1
@@ -222,89 +166,10 @@ class DispatchLoop:
         finally:
             # Sent ahead but not claimed here (a peer claimed them, or this drain stopped): whoever claims them
             # sends them again, which RQ's create-if-absent script makes a no-op.
-            self._sent_ahead.clear()
+            self.ahead.sent.clear()
             if in_flight is not None:
                 total.add(in_flight.result())
         return self._report(total)
-
-    def _send_announced(self) -> tuple[int, int]:
-        """Send the envelopes writers named in their NOTIFY now; the claim that follows marks them.
-
-        Returns (envelopes sent, of which duplicates).
-        """
-        envelopes = announced.take(self.wake.announced)
-        sends = duplicates = 0
-        if not envelopes or not self.conf.SEND_ANNOUNCED or self.stop.is_set():
-            return sends, duplicates
-        per_server: dict[str, list[Claimed]] = {}
-        claimed = self._claimed
-        for envelope in envelopes:
-            if claimed.get(envelope.envelope_id) == envelope.attempt:
-                continue  # this loop claimed and sent it already
-            try:
-                self.publisher.check(envelope)
-            except PermanentSendError:
-                continue  # the claim dead-letters it with the reason
-            server = self.publisher.server(envelope.queue)
-            # A paused or probing server gets nothing ahead of its breaker.
-            if self._breaker(server).state == CLOSED:
-                per_server.setdefault(server, []).append(envelope)
-        size = self.conf.SEND_CHUNK_SIZE
-        for server, ahead in per_server.items():
-            for start in range(0, len(ahead), size):
-                chunk = ahead[start : start + size]
-                at = time.monotonic()
-                try:
-                    sent = self.publisher.send(chunk)
-                except Exception as exc:  # noqa: BLE001 - unsent: the claim sends them as it always did
-                    self._ahead_failed(server, exc)
-                    break
-                failed = {envelope.envelope_id for envelope, _ in sent.failed}
-                self._sent_ahead.update((e.envelope_id, (e.attempt, at)) for e in chunk if e.envelope_id not in failed)
-                sends += len(chunk) - len(failed)
-                duplicates += sent.duplicates
-        return sends, duplicates
-
-    def _mark_sent_ahead(self, total: DrainResult) -> None:
-        """Mark what was sent ahead in one statement (claim.MARK_AHEAD_SQL), counted as claimed by this drain;
-        what it could not mark (a peer's lease, a pause) is left to the claim."""
-        ahead = self._sent_ahead
-        if not ahead:
-            return
-        marked = claim.mark_ahead(ahead, total.latencies)
-        attempts = [(envelope_id, ahead.pop(envelope_id)[0]) for envelope_id in marked]
-        self._remember_claims(attempts)
-        total.claimed += len(marked)
-        total.claimed_first += sum(1 for _, attempt in attempts if attempt == 1)
-        total.dispatched += len(marked)
-        total.sent_ahead += len(marked)
-
-    def _remember_claims(self, claims: list[tuple[int, int]]) -> None:
-        """(envelope id, attempt) this loop claimed (or marked after its send ahead)."""
-        claimed = self._claimed
-        claimed.update(claims)
-        while len(claimed) > MAX_REMEMBERED_CLAIMS:
-            claimed.popitem(last=False)
-
-    def _ahead_failed(self, server: str, exc: BaseException) -> None:
-        reason = outage_reason(exc)
-        error = f"{type(exc).__name__}: {exc}"
-        if reason is None:
-            log.info(
-                "announced envelopes not sent ahead of their claim (%s); the claim sends them",
-                error,
-                extra={"action": "send_ahead_failed", "domain": "dispatch"},
-            )
-            return
-        # Redis as a whole refuses: the breaker pauses dispatch now rather than after the claim's send times out.
-        self._breaker(server).failed(reason, error)
-        log.warning(
-            "dispatch paused: %s (%s) on %s; its envelopes wait for the probe, uncounted",
-            reason,
-            error,
-            redis_servers.label(server),
-            extra={"action": "dispatch_paused", "domain": "dispatch"},
-        )
 
     def _collect(self, total: DrainResult, previous: Future, result: DrainResult, record) -> None:
         """Add batch N's written results; if writing them failed, still write batch N+1's, then raise.
@@ -414,20 +279,12 @@ class DispatchLoop:
             except PermanentSendError as exc:
                 record.permanent.append((envelope, str(exc)))
 
-        self._remember_claims([(e.envelope_id, e.attempt) for e in batch.envelopes])
-        ahead = self._sent_ahead
-        if ahead:
-            done = {}
-            for e in sendable:
-                sent = ahead.get(e.envelope_id)
-                if sent is not None and sent[0] == e.attempt:
-                    done[e.envelope_id] = sent[1]
-                    del ahead[e.envelope_id]
-            if done:
-                sendable = [e for e in sendable if e.envelope_id not in done]
-                record.sent_ids.extend(done)
-                record.send_started.update(done)
-                result.sent_ahead = len(done)
+        self.ahead.remember([(e.envelope_id, e.attempt) for e in batch.envelopes])
+        sendable, done = self.ahead.claimed(sendable)
+        if done:
+            record.sent_ids.extend(done)
+            record.send_started.update(done)
+            result.sent_ahead = len(done)
 
         server_of = self.publisher.server
         batch_chunks = chunks(
