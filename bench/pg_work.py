@@ -13,7 +13,10 @@ flushes when idle at most every 10 s, always when it exits):
   writing at the same time counts too);
 - WAL bytes (cluster-wide, as the xids);
 - ``pg_stat_user_functions``: calls of the trigger functions, when
-  ``track_functions`` is on for the database (``enable_function_stats``).
+  ``track_functions`` is on for the database (``enable_function_stats``);
+- ``pg_stat_statements``, when the server preloads it (``shared_preload_libraries``; the machine's PostgreSQL
+  does not, a bench server started for the profile does): statements per job and the dearest statements
+  (calls and planning + execution ms per job). The bench's own polls are among them (named as such).
 """
 
 from __future__ import annotations
@@ -30,12 +33,22 @@ SELECT d.xact_commit, pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
        pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
 FROM pg_stat_database d WHERE d.datname = current_database()
 """
-FUNCTIONS_SQL = "SELECT funcname, calls FROM pg_stat_user_functions"
+FUNCTIONS_SQL = "SELECT funcname, calls, self_time FROM pg_stat_user_functions"
+
+
+STATEMENTS_SQL = """
+SELECT queryid, left(regexp_replace(query, '\\s+', ' ', 'g'), 160), calls, total_exec_time + total_plan_time
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
 
 
 def enable_function_stats(cursor, database: str) -> None:
-    """Count trigger-function calls in backends that connect from now on (superuser)."""
+    """Count trigger-function calls in backends that connect from now on (superuser); and statements, when the
+    server preloads pg_stat_statements."""
     cursor.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+    cursor.execute("SELECT current_setting('shared_preload_libraries') LIKE '%pg_stat_statements%'")
+    if cursor.fetchone()[0]:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 
 
 @dataclass
@@ -45,6 +58,8 @@ class Reading:
     xid: int = 0
     wal: int = 0
     functions: dict[str, int] = field(default_factory=dict)
+    function_ms: dict[str, float] = field(default_factory=dict)  # self time (ms): the function's own body
+    statements: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # queryid -> (text, calls, ms)
 
 
 def wait_backends_gone(cursor, timeout: float = 10.0) -> bool:
@@ -73,8 +88,31 @@ def read(cursor) -> Reading:
     cursor.execute(DATABASE_SQL)
     out.commits, out.xid, out.wal = (int(v) for v in cursor.fetchone())
     cursor.execute(FUNCTIONS_SQL)
-    out.functions = {name: int(calls) for name, calls in cursor.fetchall()}
+    rows = cursor.fetchall()
+    out.functions = {name: int(calls) for name, calls, _ in rows}
+    out.function_ms = {name: float(ms) for name, _, ms in rows}
+    cursor.execute("SELECT to_regclass('pg_stat_statements') IS NOT NULL")
+    if cursor.fetchone()[0]:
+        cursor.execute(STATEMENTS_SQL)
+        out.statements = {qid: (text, int(calls), float(ms)) for qid, text, calls, ms in cursor.fetchall()}
     return out
+
+
+def statements_per_job(before: Reading, after: Reading, jobs: int, top: int = 14) -> dict:
+    """Statements per job and the dearest ones by time, from pg_stat_statements (empty without it)."""
+    if not after.statements:
+        return {}
+    rows = []
+    for qid, (text, calls, ms) in after.statements.items():
+        _, calls0, ms0 = before.statements.get(qid, (text, 0, 0.0))
+        if calls > calls0:
+            rows.append((ms - ms0, calls - calls0, text))
+    rows.sort(reverse=True)
+    return {
+        "pg_statements_per_job": sum(r[1] for r in rows) / jobs,
+        "pg_statement_ms_per_job": sum(r[0] for r in rows) / jobs,
+        "pg_statements": [{"ms": ms / jobs, "calls": calls / jobs, "query": text} for ms, calls, text in rows[:top]],
+    }
 
 
 def per_job(before: Reading, after: Reading, jobs: int, *, own_commits: int = 0) -> dict:
@@ -117,6 +155,10 @@ def per_job(before: Reading, after: Reading, jobs: int, *, own_commits: int = 0)
         "pg_index_entries_max_per_job": index_entries / jobs,
         "pg_wal_bytes_per_job": (after.wal - before.wal) / jobs,
         "pg_trigger_calls_per_job": sum(functions.values()),
+        # Wall time inside the trigger functions' own bodies (track_functions; a backend's CPU, mostly).
+        "pg_trigger_ms_per_job": sum(ms - before.function_ms.get(name, 0.0) for name, ms in after.function_ms.items())
+        / jobs,
         "pg_tables": tables,
         "pg_functions": functions,
+        **statements_per_job(before, after, jobs),
     }

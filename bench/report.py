@@ -164,7 +164,10 @@ PG_WORK = (
     ("rows deleted", "pg_rows_deleted_per_job"),
     ("index entries (at most)", "pg_index_entries_max_per_job"),
     ("trigger function calls", "pg_trigger_calls_per_job"),
+    ("trigger functions' own time (ms)", "pg_trigger_ms_per_job"),
     ("WAL bytes", "pg_wal_bytes_per_job"),
+    ("statements (pg_stat_statements)", "pg_statements_per_job"),
+    ("statements' planning + execution (ms)", "pg_statement_ms_per_job"),
 )
 
 
@@ -187,6 +190,9 @@ def pg_work_detail(records: list[dict]) -> str:
             )
         if functions:
             out.append("- trigger functions: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(functions.items())))
+        for st in rec["metrics"].get("pg_statements") or ():
+            query = st["query"].replace("|", "\\|")
+            out.append(f"- {st['calls']:.2f} calls, {st['ms']:.3f} ms per job: `{query}`")
     return "\n".join(out)
 
 
