@@ -186,22 +186,22 @@ MARK_DISPATCHED_SQL = _mark_sql(f"""
     UPDATE {ENVELOPE} e
     SET status = 'dispatched', lease_token = NULL, last_error = '', dispatched_at = {_DISPATCHED_AT}
     FROM unnest(%(ids)s::bigint[], %(ago)s::float8[]) AS s(id, ago)
-    WHERE e.id = s.id AND e.lease_token = %(token)s AND e.status = 'pending'
+    WHERE e.id = ANY(%(ids)s) AND e.id = s.id AND e.lease_token = %(token)s AND e.status = 'pending'
     RETURNING e.id, e.job_id, e.attempt, e.created_at, e.dispatched_at""")
 
 # Announced envelopes the loop sent ahead of any claim (dispatch.announced) are marked by this one statement
 # instead of a claim and a mark: a compare-and-set on "pending, unleased, this attempt, due, domain not paused",
 # which is what the claim would have checked. One write transaction and one envelope row version less per job.
 # A row a peer's claim holds is waited for (its claim is one autocommit statement) and then fails the lease
-# condition: the peer sends it too (a duplicate send, never a second run). Rows are taken in id order, so two
-# dispatchers marking the same announcements cannot deadlock.
+# condition: the peer sends it too (a duplicate send, never a second run). The rows are found by their primary
+# key (`id = ANY`, sorted ids: taken in id order, so two dispatchers marking the same announcements do not
+# deadlock), not by joining the array to the pending rows, which a backlog would make a scan of every pending row.
 MARK_AHEAD_SQL = _mark_sql(f"""
     UPDATE {ENVELOPE} e
     SET status = 'dispatched', last_error = '', send_attempts = e.send_attempts + 1,
         dispatched_at = {_DISPATCHED_AT}
-    FROM (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ago)s::float8[]) AS u(id, attempt, ago)
-          ORDER BY id) s
-    WHERE e.id = s.id AND e.attempt = s.attempt AND e.status = 'pending' AND e.lease_token IS NULL
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ago)s::float8[]) AS s(id, attempt, ago)
+    WHERE e.id = ANY(%(ids)s) AND e.id = s.id AND e.attempt = s.attempt AND e.status = 'pending' AND e.lease_token IS NULL
       AND e.available_at <= clock_timestamp() AND e.domain NOT IN (SELECT domain FROM {PAUSE})
     RETURNING e.id, e.job_id, e.attempt, e.created_at, e.dispatched_at""")
 
