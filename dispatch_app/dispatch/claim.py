@@ -201,8 +201,9 @@ MARK_AHEAD_SQL = _mark_sql(f"""
     SET status = 'dispatched', last_error = '', send_attempts = e.send_attempts + 1,
         dispatched_at = {_DISPATCHED_AT}
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ago)s::float8[]) AS s(id, attempt, ago)
-    WHERE e.id = ANY(%(ids)s) AND e.id = s.id AND e.attempt = s.attempt AND e.status = 'pending' AND e.lease_token IS NULL
-      AND e.available_at <= clock_timestamp() AND e.domain NOT IN (SELECT domain FROM {PAUSE})
+    WHERE e.id = ANY(%(ids)s) AND e.id = s.id AND e.attempt = s.attempt
+      AND e.status = 'pending' AND e.lease_token IS NULL AND e.available_at <= clock_timestamp()
+      AND e.domain NOT IN (SELECT domain FROM {PAUSE})
     RETURNING e.id, e.job_id, e.attempt, e.created_at, e.dispatched_at""")
 
 
