@@ -113,12 +113,12 @@ class SendAhead:
                 duplicates += result.duplicates
         return sends, duplicates
 
-    def mark(self, total) -> None:
+    def mark(self, total) -> int:
         """Mark what was sent in one statement (claim.MARK_AHEAD_SQL), counted in ``total`` (the drain's
         DrainResult) as claimed and dispatched; what it could not mark (a peer's lease, a pause) is left to the
         claim."""
         if not self.sent:
-            return
+            return 0
         marked = claim.mark_ahead(self.sent, total.latencies)
         attempts = [(envelope_id, self.sent.pop(envelope_id)[0]) for envelope_id in marked]
         self.remember(attempts)
@@ -126,6 +126,7 @@ class SendAhead:
         total.claimed_first += sum(1 for _, attempt in attempts if attempt == 1)
         total.dispatched += len(marked)
         total.sent_ahead += len(marked)
+        return len(marked)
 
     def claimed(self, sendable: list[Claimed]) -> tuple[list[Claimed], dict[int, float]]:
         """Split a claim's envelopes: those still to send, and those sent ahead (id -> send start), forgotten here."""

@@ -157,31 +157,39 @@ class Listener:
             self.wake.set(CATCH_UP)
             idle_since = self.clock()
             while not self.stop.is_set():
-                got = 0
+                got = named = 0
                 # stop_after=1: wake the dispatcher at the first notification, not at the timeout.
                 for note in conn.notifies(timeout=_STOP_CHECK_SECONDS, stop_after=1):
                     got += 1
-                    self._hand_over(note.payload)
+                    named += self._hand_over(note.payload)
                 if got:
                     self.notifications += got
-                    self.wake.set(NOTIFY)
+                    self.wake.set(NOTIFY, named=named == got)
                     idle_since = self.clock()
                 elif self.clock() - idle_since >= self.conf.LISTEN_TIMEOUT:
                     # An idle connection can die silently (NAT, failover); a ping finds out.
                     self.ping(conn)
                     idle_since = self.clock()
 
-    def _hand_over(self, payload: str) -> None:
-        """The envelopes a writer named (dispatch.announced), for the loop to send before it claims them."""
+    def _hand_over(self, payload: str) -> bool:
+        """The envelopes a writer named (dispatch.announced), for the loop to send before it claims them.
+
+        True when the payload named its envelopes and all of them were handed over: no claim is needed for it.
+        """
         try:
             envelopes = announced.parse(payload)
         except announced.BadAnnouncement as exc:
             # Nothing is lost: the claim that follows the wake finds the envelopes in the table.
             self.bad_payloads += 1
             log.warning("%s", exc, extra={"action": "listener_bad_payload", "domain": "dispatch"})
-            return
-        if envelopes:
-            self.wake.announced.extend(envelopes)
+            return False
+        if not envelopes:
+            return False
+        hand_over = self.wake.announced
+        # Past its bound the oldest are dropped: then only a claim finds them.
+        fits = hand_over.maxlen is None or len(hand_over) + len(envelopes) <= hand_over.maxlen
+        hand_over.extend(envelopes)
+        return fits
 
     def ping(self, conn) -> None:
         """``SELECT 1`` with a deadline: psycopg's own wait has none, and a dead peer never answers."""

@@ -52,6 +52,11 @@ class DispatchMetrics:
             "Never-sent envelopes found by a tick-triggered scan: work no NOTIFY announced.",
             registry=r,
         )
+        self.claims_skipped = Counter(
+            "productflow_dispatch_claims_skipped",
+            "Drains woken only by NOTIFYs that named their envelopes, all sent and marked: no claim was made.",
+            registry=r,
+        )
         self.sent_ahead = Counter(
             "productflow_envelopes_sent_ahead",
             "Envelopes sent to RQ before their claim: a NOTIFY named them (dispatch.announced).",
@@ -131,6 +136,7 @@ class DispatchMetrics:
         self.missed_wakeups.inc(result.unannounced)
         self.sent_ahead.inc(getattr(result, "sent_ahead", 0))
         self.sends.inc(getattr(result, "sends", 0))
+        self.claims_skipped.inc(1 if getattr(result, "claim_skipped", False) else 0)
         self.send_duplicates.inc(getattr(result, "duplicates", 0))
         for latency in getattr(result, "latencies", ()):
             self.latency.observe(max(0.0, latency))

@@ -45,10 +45,17 @@ class Wake:
         # appends and pops are thread-safe. The bound only matters if the loop stalls: the oldest are dropped,
         # and the claim finds them.
         self.announced: deque = deque(maxlen=ANNOUNCED_MAX)
+        self._named = False
+        self.only_named = False  # of the wake the last wait() took (see set)
 
-    def set(self, reason: str = NOTIFY) -> None:
+    def set(self, reason: str = NOTIFY, *, named: bool = False) -> None:
+        """``named``: this signal is NOTIFYs that all named their envelopes, every one handed over in
+        ``announced`` (the listener). When every signal of a wake was such, ``only_named`` says so after
+        ``wait()``: the loop that sends and marks them all has no claim to make."""
         with self._cond:
             self.signals += 1
+            # "Every signal named its envelopes" holds only while nothing else came.
+            self._named = named and (self._pending is None or self._named)
             # A NOTIFY/catch-up reason wins over a tick: it says the work was announced.
             if self._pending is None or self._pending == TICK:
                 self._pending = reason
@@ -62,6 +69,7 @@ class Wake:
                 if self._pending is None:
                     self._cond.wait(timeout)
                 reason, self._pending = self._pending, None
+                self.only_named, self._named = self._named and reason == NOTIFY, False
             if reason == STOP and arming is not None:
                 arming.stopped()
             return reason or TICK
@@ -77,6 +85,7 @@ class Wake:
                 if self._pending is None:
                     self._cond.wait(step)
                 reason, self._pending = self._pending, None
+                self.only_named, self._named = self._named and reason == NOTIFY, False
             if reason is not None:
                 if reason == STOP:
                     arming.stopped()

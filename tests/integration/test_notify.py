@@ -132,6 +132,7 @@ def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
         assert wake.wait(0) == HANDOVER
         job = submit("delivery", PAYLOADS["delivery"])
         assert wake.wait(10) == NOTIFY
+        assert wake.only_named, "the commit named its envelope: the loop may skip its claim once it marked it"
         assert listener.notifications == 1
         # The envelope the commit named is handed to the loop with the wake (dispatch.announced).
         assert announced.take(wake.announced) == _as_announced([job])
@@ -140,6 +141,30 @@ def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
             conn.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, "+[[1, 2]"])
         assert wake.wait(10) == NOTIFY
         assert (listener.notifications, listener.bad_payloads, list(wake.announced)) == (2, 1, [])
+    finally:
+        stop.set()
+        assert listener.join(10)
+
+
+def test_a_domain_payload_among_announcements_makes_the_wake_a_scan():
+    conf = dispatch_settings(LISTEN_TIMEOUT=0.1)
+    wake, stop = Wake(), threading.Event()
+    listener = Listener(conf, wake, stop)
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        assert wake.wait(10) == CATCH_UP
+        wake.arming.arm()
+        assert wake.wait(0) == HANDOVER
+        submit("delivery", PAYLOADS["delivery"])
+        with psycopg.connect(autocommit=True, **listener_conninfo()) as conn:
+            conn.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, "delivery"])  # "worth a scan"
+        # Bounded: both notifications heard, in one wake or two; a scan is asked for either way.
+        named = [(wake.wait(10), wake.only_named)]
+        while listener.notifications < 2 and len(named) < 5:
+            named.append((wake.wait(10), wake.only_named))
+        assert listener.notifications == 2
+        assert named[-1] == (NOTIFY, False)
     finally:
         stop.set()
         assert listener.join(10)

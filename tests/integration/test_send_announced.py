@@ -144,3 +144,37 @@ def test_an_announcement_heard_after_the_claim_that_took_its_envelope_is_not_sen
     sample = metrics.registry.get_sample_value
     assert (sample("productflow_envelope_sends_total"), sample("productflow_envelopes_dispatched_total")) == (3, 3)
     assert sample("productflow_envelope_send_duplicates_total") == 0
+
+
+def test_a_wake_of_announcements_alone_all_marked_makes_no_claim(redis_conn):
+    announced_jobs = submit_many([("delivery", PAYLOADS["delivery"])] * 2)
+    # Committed without a word to this loop (as if its NOTIFY were lost): only a claim finds it.
+    [silent] = submit_many([("delivery", PAYLOADS["delivery"])])
+    loop = _loop(redis_conn)
+    loop.wake.announced.extend(_announced(announced_jobs))
+    loop.wake.set(NOTIFY, named=True)  # as the listener does for NOTIFYs that all named their envelopes
+    try:
+        skipped = loop.run_once(loop.wait())
+        scanned = loop.run_once(NOTIFY)
+    finally:
+        loop.close()
+    assert (skipped.claimed, skipped.sent_ahead, skipped.dispatched, skipped.claim_skipped) == (2, 2, 2, True)
+    assert (scanned.claimed, scanned.dispatched, scanned.claim_skipped) == (1, 1, False)
+    assert DispatchEnvelope.objects.get(job=silent).status == "dispatched"
+    assert _in_rq(redis_conn) == 3
+
+
+def test_an_announced_wake_whose_envelope_was_not_marked_still_claims(redis_conn):
+    jobs = submit_many([("delivery", PAYLOADS["delivery"])] * 2)
+    [first, second] = _announced(jobs)
+    loop = _loop(redis_conn)
+    # The second was claimed by this loop's previous drain: not sent ahead again, so the wake is not covered.
+    loop.ahead.remember([(second.envelope_id, second.attempt)])
+    loop.wake.announced.extend([first, second])
+    loop.wake.set(NOTIFY, named=True)
+    try:
+        result = loop.run_once(loop.wait())
+    finally:
+        loop.close()
+    assert (result.sent_ahead, result.claimed, result.claim_skipped) == (1, 2, False)
+    assert _in_rq(redis_conn) == 2

@@ -56,3 +56,19 @@ def test_set_from_another_thread_releases_a_blocked_waiter():
     thread.join(10)
     assert not thread.is_alive()
     assert got == [STOP]
+
+
+def test_only_named_holds_only_while_nothing_else_came():
+    wake = Wake()
+    wake.set(NOTIFY, named=True)
+    wake.set(NOTIFY, named=True)
+    assert (wake.wait(0), wake.only_named) == (NOTIFY, True)
+    assert (wake.wait(0), wake.only_named) == (TICK, False), "taken with its wake"
+    for other in (NOTIFY, TICK, CATCH_UP):
+        wake.set(NOTIFY, named=True)
+        wake.set(other)
+        assert (wake.wait(0), wake.only_named) == (NOTIFY, False), f"{other} after it asks for a scan"
+        wake.set(other)
+        wake.set(NOTIFY, named=True)
+        # (a NOTIFY takes a tick's place, as ever; either way the wake is a scan)
+        assert wake.wait(0) in (other, NOTIFY) and not wake.only_named, f"it keeps the scan {other} asked for"
