@@ -10,11 +10,17 @@ class DispatchAppConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from dispatch_app import redis_servers
+        from dispatch_app import conf, redis_servers
         from dispatch_app.domains import registry
+        from dispatch_app.recovery.policy import validate_overrides
         from dispatch_app.settings_rules import TAG, check_settings_rules
+        from dispatch_app.tasks.queues import task_domains
 
         redis_servers.ensure_redis_url()
+        # What the lower layers may not import is handed to them here (tests/unit/test_import_layers.py):
+        # DISPATCH['RECOVERY'] names domains, and the django.tasks queues are domains too.
+        conf.register_validator("RECOVERY", validate_overrides)
+        registry.add_source("dispatch_app.tasks.queues.task_domains()", task_domains)
         checks.register(_check_dispatch_settings)
         checks.register(check_settings_rules, TAG)  # rules between settings (README, "Settings")
         setting_changed.connect(_domains_setting_changed, dispatch_uid="dispatch_app.domains")

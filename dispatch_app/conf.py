@@ -4,19 +4,25 @@ Read lazily through ``dispatch_settings()`` so ``override_settings`` works in
 tests. Every key has a documented default (README, "Settings"); a bad value is a
 clear ``ImproperlyConfigured`` naming the key, raised at start-up by the app's
 system check and by every command that reads it.
+
+This module is a leaf of the import graph (tests/unit/test_import_layers.py): it
+imports nothing of dispatch_app but ``values``. A dict setting whose keys name
+things of higher layers (``RECOVERY`` names domains) is checked by a validator
+its owner registers at app start-up (``register_validator``, from
+``DispatchAppConfig.ready``).
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app.recovery.policy import validate_overrides
 from dispatch_app.values import coerce_number
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "check_lease",
     "coerce_number",
     "dispatch_settings",
+    "register_validator",
     "validate",
 ]
 
@@ -242,6 +249,21 @@ class DispatchSettings:
     DASHBOARD_STATEMENT_TIMEOUT: float
 
 
+# Dict settings' validators, by key: {key: validate(raw) -> the clean value}. Filled at app start-up.
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {}
+
+
+def register_validator(key: str, check: Callable[[Any], Any]) -> None:
+    """Let ``check`` validate (and return the clean value of) the dict setting ``DISPATCH[key]``.
+
+    ``DispatchAppConfig.ready`` registers ``recovery.policy.validate_overrides`` for ``RECOVERY``: it reads
+    the domain registry, which this module may not import.
+    """
+    if key not in SPECS or SPECS[key].kind is not dict:
+        raise ValueError(f"DISPATCH[{key!r}] is not a dict setting")
+    _VALIDATORS[key] = check
+
+
 def _coerce(key: str, value: Any, spec: _Spec) -> Any:
     where = f"DISPATCH[{key!r}]"
     if spec.kind is bool:
@@ -251,9 +273,8 @@ def _coerce(key: str, value: Any, spec: _Spec) -> Any:
     if spec.kind is dict:
         if not isinstance(value, dict):
             raise ImproperlyConfigured(f"{where} must be a dict, got {type(value).__name__}")
-        if key == "RECOVERY":
-            return validate_overrides(value)
-        return value
+        check = _VALIDATORS.get(key)
+        return check(value) if check is not None else value
     return coerce_number(where, value, spec.kind, spec.minimum, spec.maximum)
 
 

@@ -33,3 +33,8 @@ class ConnectionCheck:
         if connection.errors_occurred:
             close_old_connections()  # drops the connection if it is no longer usable
         self.checked_at = time.monotonic()
+
+
+# The worker process's check: ``worker.execute`` and ``rqworker.prestart`` (the start made ahead of a job)
+# share it, so a start made ahead counts as the connection's use before the job's own start.
+worker_check = ConnectionCheck()

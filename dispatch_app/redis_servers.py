@@ -121,15 +121,6 @@ def queue_connection(queue: str) -> redis.Redis:
     return connection(queue_url(queue))
 
 
-def domain_connection(domain: str) -> redis.Redis:
-    from dispatch_app.domains import UnknownDomain, get_domain
-
-    try:
-        return queue_connection(get_domain(domain).queue)
-    except UnknownDomain:
-        return queue_connection(domain)
-
-
 def by_server(queues) -> dict[str, list[str]]:
     """Queues grouped by the server they live on, in first-seen order."""
     groups: dict[str, list[str]] = {}

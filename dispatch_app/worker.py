@@ -18,7 +18,8 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 
 from dispatch_app import tracing
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck
+from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck  # noqa: F401 - tests build their own
+from dispatch_app.dbcheck import worker_check
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.models import JobEvent
@@ -142,7 +143,7 @@ def format_error(exc: BaseException) -> str:
     return f"{head}\n\n{trace}"
 
 
-_check = _ConnectionCheck()
+_check = worker_check  # shared with rqworker.prestart (dbcheck.worker_check)
 
 
 def _worker_name() -> str:

@@ -12,8 +12,7 @@ from dispatch_app.admin.untrusted import parse_id
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
-from dispatch_app.recovery import decide
-from dispatch_app.recovery.actions import ERROR_EVENT, EVENT_KINDS
+from dispatch_app.recovery.actions import COUNT_EVENTS
 
 
 class DomainFilter(admin.SimpleListFilter):
@@ -132,13 +131,7 @@ class RecoveryDecisionFilter(admin.SimpleListFilter):
     title = "recovery round"
     parameter_name = "recovery"
     # The dashboard's count names (ops.stats.DECISION_KINDS), in its column order -> the event kind each writes.
-    KINDS = {
-        "redispatched": EVENT_KINDS[decide.REDISPATCH],
-        "left_alone": EVENT_KINDS[decide.LEAVE_ALONE],
-        "unknown": EVENT_KINDS[decide.OUTCOME_UNKNOWN],
-        "failed": EVENT_KINDS[decide.FAIL],
-        "errors": ERROR_EVENT,
-    }
+    KINDS = COUNT_EVENTS
 
     def _parsed(self) -> tuple[int, str] | None:
         round_id, _, kind = (self.value() or "").partition(":")

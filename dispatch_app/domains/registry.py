@@ -4,8 +4,10 @@ A domain is declared in a plain module (a ``Domain`` named ``DOMAIN``, or any
 ``Domain`` object) listed by dotted path in the setting ``PRODUCTFLOW_DOMAINS``
 (default: none -- a project runs only what it declares; the five shipped demo
 domains are ``DEFAULT_DOMAINS``, declared exactly like a project's own when it
-asks for them). ``dispatch_app.tasks.declare.task_domains()`` adds the domains of
-the ``django.tasks`` queues. ``register()`` adds one from code.
+asks for them). A source added with ``add_source()`` adds more at every load:
+``DispatchAppConfig.ready`` adds ``dispatch_app.tasks.queues.task_domains``, the
+domains of the ``django.tasks`` queues (that package sits above this one in the
+import layers, so it is handed in, not imported). ``register()`` adds one from code.
 
 Loading is lazy (the first read), idempotent and thread-safe; a change of
 ``PRODUCTFLOW_DOMAINS`` (``override_settings`` in tests) reloads it. Nothing
@@ -17,9 +19,10 @@ from __future__ import annotations
 import importlib
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -55,6 +58,7 @@ class DomainError(ImproperlyConfigured):
 
 _lock = threading.RLock()
 _from_code: dict[str, Domain] = {}  # register() calls; they survive a reload
+_sources: dict[str, Callable[[], Iterable[Domain]]] = {}  # add_source() calls; read at every load
 _domains: dict[str, Domain] | None = None  # everything, once loaded
 _loading = False
 
@@ -134,18 +138,15 @@ def _resolve(path: object) -> list[Domain]:
     return [obj]
 
 
-def _task_domains() -> list[Domain]:
-    """The django.tasks queues' domains (dispatch_app.tasks, when installed).
+def add_source(name: str, source: Callable[[], Iterable[Domain]]) -> None:
+    """Have every load add the domains ``source()`` returns (after PRODUCTFLOW_DOMAINS, before register()).
 
-    Imported at the first read, not at the top: that module declares Domains, so it imports this package.
+    For domains declared by settings a higher layer reads (``dispatch_app.tasks.queues.task_domains``, added
+    by ``DispatchAppConfig.ready``). Adding one forgets what was loaded, so the next read includes it.
     """
-    try:
-        from dispatch_app.tasks.declare import task_domains
-    except ImportError as exc:
-        if exc.name in ("dispatch_app.tasks", "dispatch_app.tasks.declare"):
-            return []  # the tasks package is not there (or declares nothing yet)
-        raise
-    return list(task_domains())
+    with _lock:
+        _sources[name] = source
+        reset()
 
 
 def _load() -> dict[str, Domain]:
@@ -167,8 +168,9 @@ def _load() -> dict[str, Domain]:
             for path in paths:
                 for domain in _resolve(path):
                     _add(loaded, domain, {}, f"PRODUCTFLOW_DOMAINS {path!r}")
-            for domain in _task_domains():
-                _add(loaded, domain, {}, "dispatch_app.tasks.declare.task_domains()")
+            for name, source in tuple(_sources.items()):
+                for domain in source():
+                    _add(loaded, domain, {}, name)
             for domain in _from_code.values():
                 _add(loaded, domain, {}, "register()")
             _set_loaded(loaded)
@@ -227,3 +229,11 @@ def lane_queue_names() -> tuple[str, ...]:
 
 def is_registered(key: str) -> bool:
     return key in _load()
+
+
+def domain_connection(domain: str) -> redis.Redis:
+    """The Redis connection of a domain's queue (a key no longer declared: a queue of that name)."""
+    try:
+        return redis_servers.queue_connection(get_domain(domain).queue)
+    except UnknownDomain:
+        return redis_servers.queue_connection(domain)

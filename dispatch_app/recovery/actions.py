@@ -24,7 +24,7 @@ from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.decide import Decision, JobState
 
 if TYPE_CHECKING:
-    from dispatch_app.recovery.round import CandidateReport, RoundResult
+    from dispatch_app.recovery.result import CandidateReport, RoundResult
 
 log = logging.getLogger("dispatch_app.recovery")
 
@@ -41,6 +41,15 @@ EVENT_KINDS = {
 }
 # A candidate the round could not decide on (an exception): its own event kind.
 ERROR_EVENT = "recovery_error"
+# A round's decision counts (RoundResult fields, the dashboard's columns, in order) -> the event kind each writes
+# (admin.filters.RecoveryDecisionFilter and the dashboard's links read it).
+COUNT_EVENTS = {
+    "redispatched": EVENT_KINDS[decisions.REDISPATCH],
+    "left_alone": EVENT_KINDS[decisions.LEAVE_ALONE],
+    "unknown": EVENT_KINDS[decisions.OUTCOME_UNKNOWN],
+    "failed": EVENT_KINDS[decisions.FAIL],
+    "errors": ERROR_EVENT,
+}
 
 # What the vendor said about a ledger call in doubt, written with the action that relies on it.
 SETTLE_SQL = """

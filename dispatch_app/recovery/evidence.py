@@ -3,7 +3,7 @@
 Redis is only a delivery channel and may have lost everything: a missing RQ job
 is evidence too. Reads only, outside any transaction (no row lock is held while
 they run); the connection is the domain's own (its queue's ``RQ_QUEUES`` entry,
-``redis_servers.domain_connection``); every Redis call is bounded by the socket timeouts in its URL,
+``domains.registry.domain_connection``); every Redis call is bounded by the socket timeouts in its URL,
 every vendor call by the provider's timeout (``call_with_timeout``).
 """
 

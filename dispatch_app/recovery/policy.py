@@ -7,7 +7,9 @@ override any field per domain::
 
 A bad value is an ``ImproperlyConfigured`` naming the domain and the key, raised
 by ``dispatch_app.conf.validate`` (so at start-up, by the system check and by
-every command). This module imports no models and not ``conf`` (which imports it).
+every command): ``DispatchAppConfig.ready`` registers ``validate_overrides`` with
+``conf.register_validator``, as ``conf`` sits below the domain registry and may
+not import this module. This module imports no models.
 """
 
 from __future__ import annotations

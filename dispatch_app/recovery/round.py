@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
@@ -31,6 +31,7 @@ from dispatch_app.models import JobEvent, RecoveryRound
 from dispatch_app.recovery import decide as decisions
 from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.actions import ERROR_EVENT, ROUND_FATAL, Actions, Planned
+from dispatch_app.recovery.result import CandidateReport, RoundResult
 
 log = logging.getLogger("dispatch_app.recovery")
 
@@ -42,53 +43,6 @@ BACK_OFF_SQL = (
     "UPDATE dispatch_app_job SET updated_at = clock_timestamp() "
     "WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued', 'running')"
 )
-
-
-@dataclass
-class CandidateReport:
-    job_id: int
-    status: str
-    attempt: int
-    age_seconds: float
-    decision: str = ""  # a decide.KINDS value, or "" when skipped before deciding
-    reason: str = ""
-    outcome: str = ""  # done | would | locked | moved | deferred | error
-    evidence: dict = field(default_factory=dict)
-
-
-@dataclass
-class RoundResult:
-    domain: str
-    ran: bool = True  # False: another session holds this domain's round lock
-    dry_run: bool = False
-    round_id: int | None = None
-    scanned: int = 0
-    redispatched: int = 0
-    left_alone: int = 0
-    unknown: int = 0
-    failed: int = 0
-    skipped: int = 0
-    errors: int = 0
-    has_more: bool = False
-    oldest_candidate_age: float | None = None
-    error: str = ""
-    paced: str = ""  # the pacer's word on this round's cap (recovery.pacing); "" when not paced
-    candidates: list[CandidateReport] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.errors == 0
-
-    @property
-    def status(self) -> str:
-        if not self.ran:
-            return "busy"
-        return "ok" if self.ok else "failed"
-
-    def summary(self) -> dict:
-        data = asdict(self)
-        data["status"] = self.status
-        return data
 
 
 @dataclass
@@ -145,7 +99,7 @@ class Round(Actions):
     @property
     def redis(self):
         if self._redis is None:
-            from dispatch_app.redis_servers import domain_connection
+            from dispatch_app.domains.registry import domain_connection
 
             # Evidence is read where the domain's queue lives (its RQ_QUEUES entry).
             self._redis = domain_connection(self.domain)

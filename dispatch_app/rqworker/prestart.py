@@ -50,10 +50,10 @@ def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
     """The job's start, made now; None for a job that is not the dispatcher's, not startable, or on an error
     (``execute`` then runs the start itself, as without this, and reports what it finds)."""
     from dispatch_app import prepared
+    from dispatch_app.dbcheck import worker_check as _check
     from dispatch_app.dispatch.publisher import parse_rq_job_id, rq_job_id
     from dispatch_app.rqworker.admission import queue_domains
     from dispatch_app.transitions import start
-    from dispatch_app.worker import _check
 
     ours = parse_rq_job_id(rq_id)
     # Only the id is known yet (the hash is on its way): a job of a domain this queue serves, by the id the

@@ -1,7 +1,7 @@
 """A ``django.tasks`` backend through the transactional outbox (``OutboxBackend``), and ``retry_safe``.
 
-Importing this package imports neither Django models nor the task API: the domain registry reads
-``dispatch_app.tasks.declare`` while settings may still be loading.
+Importing this package imports neither Django models nor the task API (``retry_safe`` and the backend
+are loaded on first use); ``DispatchAppConfig.ready`` hands ``tasks.queues.task_domains`` to the registry.
 """
 
 from __future__ import annotations

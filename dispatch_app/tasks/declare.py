@@ -18,8 +18,8 @@ and when it is enqueued) refuses a task that never said so on a queue that
 re-runs interrupted work; a retry-safe task on a queue that is not is simply
 never re-run after an interruption (the safe side).
 
-The domain registry (``dispatch_app.domains.registry``) calls ``task_domains()``.
-Nothing here imports models or the worker.
+What the queues are as domains (``task_domains()``, which the registry reads) is in
+``dispatch_app.tasks.queues``. Nothing here imports models, the worker or the backend.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
 
-from dispatch_app.domains.base import Domain, Field, PayloadError, RecoveryPolicy
+from dispatch_app.conf import coerce_number
+from dispatch_app.domains.base import Field, RecoveryPolicy
 
 BACKEND_PATHS = ("dispatch_app.tasks.OutboxBackend", "dispatch_app.tasks.backend.OutboxBackend")
 # What a task job's payload holds: the task's dotted path, its JSON arguments, the backend alias.
@@ -47,8 +46,6 @@ RETRY_SAFE_ATTR = "dispatch_retry_safe"
 
 
 def _seconds(where: str, value: Any) -> float:
-    from dispatch_app.conf import coerce_number
-
     return coerce_number(where, value, float, 0, 30 * 86_400)
 
 
@@ -68,8 +65,6 @@ def _bool(where: str, value: Any) -> bool:
 
 
 def _int(where: str, value: Any) -> int:
-    from dispatch_app.conf import coerce_number
-
     return coerce_number(where, value, int, 1, 1000)
 
 
@@ -86,18 +81,6 @@ def retry_safe(func: Callable) -> Callable:
 
 def declares_retry_safe(func: Callable) -> bool:
     return getattr(func, RETRY_SAFE_ATTR, False) is True
-
-
-def is_outbox_backend(path: Any) -> bool:
-    if path in BACKEND_PATHS:
-        return True
-    try:
-        from dispatch_app.tasks.backend import OutboxBackend
-
-        backend = import_string(path)
-    except ImportError:
-        return False  # django.tasks reports a backend it cannot import
-    return isinstance(backend, type) and issubclass(backend, OutboxBackend)
 
 
 def queue_policies(alias: str, params: dict) -> dict[str, RecoveryPolicy]:
@@ -131,59 +114,3 @@ def queue_policies(alias: str, params: dict) -> dict[str, RecoveryPolicy]:
         values = {QUEUE_KEYS[k][0]: QUEUE_KEYS[k][1](f"{here}[{k!r}]", v) for k, v in raw.items()}
         policies[queue] = RecoveryPolicy(**values)
     return policies
-
-
-def check_task_payload(domain: Domain, payload: dict) -> None:
-    """A task job's ``task`` imports to a django.tasks Task on this queue (submit, and the worker before it runs).
-
-    Without it a task queue took any path ("os.system", "no.such.module") and failed only in the worker.
-    """
-    from dispatch_app.tasks.compat import Task
-
-    path = payload["task"]
-    where = f"{domain.key}.task"
-    try:
-        task = import_string(path)
-    except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
-        raise PayloadError(f"{where}: {path!r} does not import ({type(exc).__name__})") from None
-    if not isinstance(task, Task):
-        raise PayloadError(f"{where}: {path!r} is not a django.tasks Task (decorate it with @task)")
-    # A Task is declared on one queue and may be sent to another with .using(queue_name=...): the queue must be
-    # one its backend (an OutboxBackend) serves.
-    alias = payload.get("backend") or task.backend
-    params = (getattr(settings, "TASKS", None) or {}).get(alias)
-    if not isinstance(params, dict) or not is_outbox_backend(params.get("BACKEND")):
-        raise PayloadError(f"{where}: backend {str(alias)[:100]!r} is not an OutboxBackend in TASKS")
-    if domain.key not in params.get("QUEUES", ["default"]):
-        raise PayloadError(f"{where}: {path!r} is for backend {alias!r}, which does not serve queue {domain.key!r}")
-
-
-def domain_for(queue: str, policy: RecoveryPolicy) -> Domain:
-    from dispatch_app.tasks.run import work
-
-    return Domain(
-        key=queue,
-        queue=queue,
-        schema=TASK_SCHEMA,
-        work=work,
-        task_path=ENTRY_PREFIX + queue,
-        recovery=policy,
-        description=f"django.tasks queue {queue!r}",
-        payload_check=check_task_payload,
-    )
-
-
-def task_domains() -> list[Domain]:
-    """The domains of every queue an OutboxBackend in ``settings.TASKS`` serves (the registry calls this)."""
-    domains: dict[str, Domain] = {}
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        if not isinstance(params, dict) or not is_outbox_backend(params.get("BACKEND")):
-            continue
-        for queue, policy in queue_policies(alias, params).items():
-            domain = domain_for(queue, policy)
-            if domains.setdefault(queue, domain) != domain:
-                raise ImproperlyConfigured(
-                    f"TASKS: queue {queue!r} is served by two OutboxBackends with different OPTIONS; "
-                    "one queue is one domain with one policy"
-                )
-    return list(domains.values())

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from django import template
 
-from dispatch_app.admin.filters import RecoveryDecisionFilter
 from dispatch_app.ops.timeline import format_duration
+from dispatch_app.recovery.actions import COUNT_EVENTS
 
 register = template.Library()
 
@@ -113,4 +113,4 @@ def rq_job(rq_id):
 @register.filter
 def decisions(recovery_round):
     """(kind, count) pairs of one round, in the dashboard's column order (each links to RecoveryDecisionFilter)."""
-    return [(kind, (recovery_round or {}).get(kind) or 0) for kind in RecoveryDecisionFilter.KINDS]
+    return [(kind, (recovery_round or {}).get(kind) or 0) for kind in COUNT_EVENTS]
