@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.history_triggers",
             "dispatch_app.liveness",
             "dispatch_app.redis_servers",
+            "dispatch_app.rq_internals",
             "dispatch_app.runtime.wake",
             "dispatch_app.runtime.gcfreeze",
         ),
