@@ -11,7 +11,8 @@ Instants of one attempt:
   due         when its envelope first became claimable: ``created``, or later when the envelope was created with
               a delay (``due_at``: a scheduled submit, or a retry backoff); an operator's "due now" or the
               attempt's end cut it short
-  dispatched  its envelope marked dispatched (sent to RQ)
+  dispatched  the job entered RQ: its send's start, dated on the database clock by the mark that follows it
+              (dispatch.claim: the mark's clock less the send's age), never after the worker's start
   started     the worker's start
   finished    its outcome saved, or the moment a later attempt superseded it, or a cancel
 
@@ -20,8 +21,9 @@ Stages (``STAGES``, in order):
                                   scheduled submit (attempt 1). Absent when the envelope was due at once.
   outbox    due → dispatched      the dispatcher's part: wake-up, claim, send, send-failure backoffs, leases
                                   (its aggregates leave out the time the domain was paused: its own wait)
-  rq        dispatched → started  clamped at 0 (a worker can start before the dispatcher's mark commits);
-                                  without a recorded dispatch the worker's start stands in for it
+  rq        dispatched → started  time in RQ (clamped at 0 as a safety net; the mark never dates the dispatch
+                                  after a start it can see); without a recorded dispatch the worker's start
+                                  stands in for it
   worker    started → finished
 
 A stage whose end has not happened is ``ongoing`` (measured up to the database clock) while the attempt goes on,
