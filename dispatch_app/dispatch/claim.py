@@ -155,9 +155,19 @@ def claim_batch(
 
 
 # dispatched_at is when the job entered RQ: its send's start, on the database clock (this statement's clock less
-# the host's monotonic age of the send), never after the worker's start, which can commit first.
-_DISPATCHED_AT = f"""LEAST(clock_timestamp() - make_interval(secs => s.ago),
-                              (SELECT j.started_at FROM {JOB} j WHERE j.id = e.job_id AND j.attempt = e.attempt))"""
+# the host's monotonic age of the send), never after the worker's start, which can commit first. Only a start
+# this send can have caused holds it back: one before the claim (a killed dispatcher's send, run and then
+# re-claimed when its lease ran out) leaves the re-send dated when it happened, not before the lease ended.
+def _dispatched_at(started_since: str) -> str:
+    return f"""LEAST(clock_timestamp() - make_interval(secs => s.ago),
+                     (SELECT j.started_at FROM {JOB} j
+                      WHERE j.id = e.job_id AND j.attempt = e.attempt AND ({started_since})))"""
+
+
+# The claim set available_at to its clock plus the lease, so the claim's time is available_at less the lease.
+_STARTED_SINCE_CLAIM = (
+    "%(lease)s::float8 IS NULL OR j.started_at >= e.available_at - make_interval(secs => %(lease)s::float8)"
+)
 
 
 def _mark_sql(marked: str) -> str:
@@ -184,7 +194,8 @@ SELECT (SELECT array_agg(id) FROM marked), (SELECT array_agg(latency) FROM waits
 
 MARK_DISPATCHED_SQL = _mark_sql(f"""
     UPDATE {ENVELOPE} e
-    SET status = 'dispatched', lease_token = NULL, last_error = '', dispatched_at = {_DISPATCHED_AT}
+    SET status = 'dispatched', lease_token = NULL, last_error = '',
+        dispatched_at = {_dispatched_at(_STARTED_SINCE_CLAIM)}
     FROM unnest(%(ids)s::bigint[], %(ago)s::float8[]) AS s(id, ago)
     WHERE e.id = ANY(%(ids)s) AND e.id = s.id AND e.lease_token = %(token)s AND e.status = 'pending'
     RETURNING e.id, e.job_id, e.attempt, e.created_at, e.dispatched_at""")
@@ -199,7 +210,7 @@ MARK_DISPATCHED_SQL = _mark_sql(f"""
 MARK_AHEAD_SQL = _mark_sql(f"""
     UPDATE {ENVELOPE} e
     SET status = 'dispatched', last_error = '', send_attempts = e.send_attempts + 1,
-        dispatched_at = {_DISPATCHED_AT}
+        dispatched_at = {_dispatched_at("TRUE")}
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ago)s::float8[]) AS s(id, attempt, ago)
     WHERE e.id = ANY(%(ids)s) AND e.id = s.id AND e.attempt = s.attempt
       AND e.status = 'pending' AND e.lease_token IS NULL AND e.available_at <= clock_timestamp()
@@ -236,17 +247,20 @@ def mark_dispatched(
     token: uuid.UUID,
     latencies: list[float] | None = None,
     sent_at: list[float | None] | None = None,
+    lease_seconds: float | None = None,
 ) -> int:
     """Returns how many envelopes this lease still held and now marked.
 
     ``sent_at``: per envelope, ``time.monotonic()`` when its send started (None: now), so that dispatched_at
-    is when the job entered RQ, not when this mark ran. ``latencies``, when given, receives each marked
-    envelope's outbox wait (due -> dispatched_at, database clock; a backoff or delay is not outbox wait).
+    is when the job entered RQ, not when this mark ran. ``lease_seconds``: the claim's lease, which dates the
+    claim, so that a worker's start from before it (an earlier send) does not date this send. ``latencies``,
+    when given, receives each marked envelope's outbox wait (due -> dispatched_at, database clock; a backoff or
+    delay is not outbox wait).
     """
     if not envelope_ids:
         return 0
     with prepared.cursor(dispatcher_session=True) as cursor:
-        params = {"ids": envelope_ids, "token": token, "ago": _ages(sent_at, len(envelope_ids))}
+        params = {"ids": envelope_ids, "token": token, "ago": _ages(sent_at, len(envelope_ids)), "lease": lease_seconds}
         cursor.execute(MARK_DISPATCHED_SQL, params)
         marked, waits = cursor.fetchone()
     tracing.envelopes_dispatched(envelope_ids)  # outbox-wait spans of traced jobs; no-op without a tracer provider

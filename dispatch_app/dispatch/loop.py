@@ -307,7 +307,11 @@ class DispatchLoop:
             return result
         started = record.send_started
         marked = claim.mark_dispatched(
-            record.sent_ids, record.token, result.latencies, sent_at=[started.get(i) for i in record.sent_ids]
+            record.sent_ids,
+            record.token,
+            result.latencies,
+            sent_at=[started.get(i) for i in record.sent_ids],
+            lease_seconds=self.conf.LEASE_SECONDS,
         )
         result.dispatched = marked
         result.lost_lease = len(record.sent_ids) - marked

@@ -79,3 +79,22 @@ def test_a_worker_that_started_before_the_mark_is_never_before_its_dispatch():
     [attempt] = stages.job_attempts(Job.objects.get(pk=job.pk))
     rq = next(s for s in attempt.stages(_db_now()) if s.key == "rq")
     assert rq.duration == timedelta(0)
+
+
+def test_a_start_from_before_the_claim_does_not_date_a_re_send_whose_lease_ran_out():
+    """A dispatcher killed after its send: the job ran, the lease ran out, another dispatcher re-claims and sends
+    again. The re-send is dated when it happened (after the lease), not at the earlier send's start."""
+    job = submit("delivery", PAYLOADS["delivery"])
+    dead = claim.claim_batch(10, 0)  # a lease that has already run out
+    with connection.cursor() as cursor:
+        assert transitions.start(cursor, "worker-1", job.pk, 1) is not None  # the dead dispatcher's send ran
+    started_at = Job.objects.get(pk=job.pk).started_at
+
+    again = claim.claim_batch(10, 30)
+    assert [e.envelope_id for e in again.envelopes] == [e.envelope_id for e in dead.envelopes]
+    before = _db_now()
+    assert claim.mark_dispatched([again.envelopes[0].envelope_id], again.token, lease_seconds=30) == 1
+
+    dispatched_at = DispatchEnvelope.objects.get(job=job).dispatched_at
+    assert dispatched_at > started_at
+    assert dispatched_at >= before - timedelta(seconds=1)  # "now": no send time was given
