@@ -7,6 +7,7 @@ the trigger had sent early would have to arrive before it.
 
 import threading
 import uuid
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -118,7 +119,9 @@ def test_a_delayed_envelope_still_notifies_on_commit(armed, listen, sentinel):
     assert received_until_sentinel(listen) == ["delivery", SENTINEL]
 
 
-def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
+@contextmanager
+def idle_listener():
+    """A real listener, connected, past its catch-up scan, its dispatcher idle and armed: (listener, wake)."""
     conf = dispatch_settings(LISTEN_TIMEOUT=0.1)
     wake, stop = Wake(), threading.Event()
     listener = Listener(conf, wake, stop)
@@ -130,6 +133,14 @@ def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
         # The dispatcher goes idle: it arms (dispatch.arming) and scans once more.
         wake.arming.arm()
         assert wake.wait(0) == HANDOVER
+        yield listener, wake
+    finally:
+        stop.set()
+        assert listener.join(10)
+
+
+def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
+    with idle_listener() as (listener, wake):
         job = submit("delivery", PAYLOADS["delivery"])
         assert wake.wait(10) == NOTIFY
         assert wake.only_named, "the commit named its envelope: the loop may skip its claim once it marked it"
@@ -141,21 +152,10 @@ def test_the_listener_requests_a_catch_up_scan_then_wakes_on_each_commit():
             conn.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, "+[[1, 2]"])
         assert wake.wait(10) == NOTIFY
         assert (listener.notifications, listener.bad_payloads, list(wake.announced)) == (2, 1, [])
-    finally:
-        stop.set()
-        assert listener.join(10)
 
 
 def test_a_domain_payload_among_announcements_makes_the_wake_a_scan():
-    conf = dispatch_settings(LISTEN_TIMEOUT=0.1)
-    wake, stop = Wake(), threading.Event()
-    listener = Listener(conf, wake, stop)
-    listener.start()
-    try:
-        assert listener.connected.wait(10)
-        assert wake.wait(10) == CATCH_UP
-        wake.arming.arm()
-        assert wake.wait(0) == HANDOVER
+    with idle_listener() as (listener, wake):
         submit("delivery", PAYLOADS["delivery"])
         with psycopg.connect(autocommit=True, **listener_conninfo()) as conn:
             conn.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, "delivery"])  # "worth a scan"
@@ -165,6 +165,3 @@ def test_a_domain_payload_among_announcements_makes_the_wake_a_scan():
             named.append((wake.wait(10), wake.only_named))
         assert listener.notifications == 2
         assert named[-1] == (NOTIFY, False)
-    finally:
-        stop.set()
-        assert listener.join(10)
