@@ -45,7 +45,7 @@ def _walk(plan: dict):
 def run(ctx: Context) -> list[dict]:
     from django.db import connection
 
-    from dispatch_app.dispatch import claim
+    from dispatch_app.store import claim
 
     env = ctx.env
     dispatched = int(ctx.size("index_dispatched", 300_000, 5_000))

@@ -99,7 +99,7 @@ class ModeledRecovery:
         return "tick"
 
     def run_once(self, trigger: str = "tick") -> dict:
-        from dispatch_app.transitions import redispatch
+        from dispatch_app.store.transitions import redispatch
 
         started = time.monotonic()
         self._next = started + self.period

@@ -85,9 +85,9 @@ def run(ctx: Context) -> list[dict]:
     import gc
 
     from dispatch_app.conf import dispatch_settings
-    from dispatch_app.dispatch.claim import Claimed
     from dispatch_app.dispatch.publisher import Publisher
     from dispatch_app.dispatch.sender import BoundedSender
+    from dispatch_app.store.claim import Claimed
 
     env = ctx.env
     delay = ctx.size("admission_delay_ms", 2.0, 1.0) / 1000.0

@@ -9,9 +9,9 @@ import pgtrigger
 from django.db import models
 from django.db.models import Q
 
-from dispatch_app import history_triggers
 from dispatch_app.conf import ANNOUNCE_PREFIX, NOTIFY_CHANNEL
 from dispatch_app.dbtime import ClockTimestamp
+from dispatch_app.store import history_triggers
 
 
 class JobStatus(models.TextChoices):
@@ -158,7 +158,7 @@ class DispatchEnvelope(models.Model):
         indexes = [
             # Serve the claim (status='pending' AND available_at <= now() ORDER BY
             # available_at, id) in order with no Sort: first attempts before later ones
-            # (dispatch_app.dispatch.claim), each half from its own index; every pending
+            # (dispatch_app.store.claim), each half from its own index; every pending
             # envelope is in exactly one of them. Partial rather than (status,
             # available_at, id): dispatched rows, the vast majority, are not in them at
             # all. `dispatchbench index` (300k dispatched, 10k pending, one such index):
@@ -253,7 +253,7 @@ class VendorCallStatus(models.TextChoices):
 
 
 class VendorCall(models.Model):
-    """One vendor call of a job (dispatch_app.vendor_calls): recorded before it is made, settled after.
+    """One vendor call of a job (dispatch_app.store.vendor_calls): recorded before it is made, settled after.
 
     ``seq`` is the call's position in the domain's work, the same in every attempt,
     so a retry finds what an earlier attempt already did and resumes after it.
@@ -278,7 +278,7 @@ class VendorCall(models.Model):
 
 
 class JobAttempt(models.Model):
-    """One attempt of a job, written only by triggers (dispatch_app.history_triggers), never overwritten
+    """One attempt of a job, written only by triggers (dispatch_app.store.history_triggers), never overwritten
     by a later attempt. Stage times are computed from it by dispatch_app.stages."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")

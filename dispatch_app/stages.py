@@ -2,7 +2,7 @@
 
 Readers: the job timeline (``ops.timeline``), the job list's columns (``admin.JobAdmin``), the dashboard,
 ``dispatchstats`` and the Prometheus gauges (``ops.stats``), the demo's table (``latency``). Every time is a
-database timestamp of one attempt: its ``JobAttempt`` row (``dispatch_app.history_triggers``) and its envelope,
+database timestamp of one attempt: its ``JobAttempt`` row (``dispatch_app.store.history_triggers``) and its envelope,
 which carries the dispatch until the attempt starts or ends (the dispatcher's mark writes no history), so a
 re-dispatch never stretches a stage across attempts.
 
@@ -12,7 +12,7 @@ Instants of one attempt:
               a delay (``due_at``: a scheduled submit, or a retry backoff); an operator's "due now" or the
               attempt's end cut it short
   dispatched  the job entered RQ: its send's start, dated on the database clock by the mark that follows it
-              (dispatch.claim: the mark's clock less the send's age), never after the worker's start
+              (store.claim: the mark's clock less the send's age), never after the worker's start
   started     the worker's start
   finished    its outcome saved, or the moment a later attempt superseded it, or a cancel
 
@@ -57,10 +57,7 @@ from django.db import connection
 from django.db.models import F, FilteredRelation, Q
 
 from dispatch_app.dbtime import ClockTimestamp
-
-ATTEMPT = "dispatch_app_jobattempt"
-ENVELOPE = "dispatch_app_dispatchenvelope"
-JOB = "dispatch_app_job"
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE
 
 STAGES = ("backoff", "outbox", "rq", "worker")
 LABELS = {

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from django.db import connection
 
 from dispatch_app import stages
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
 try:  # The optional extra (requirements/tracing.txt): the project runs without it.
     from opentelemetry import context as otel_context
@@ -143,9 +144,9 @@ def _emit(tracer_, stage: stages.Stage, parent, job_id: int, attempt: int, domai
 DISPATCHED_SQL = f"""
 SELECT e.job_id, e.attempt, e.domain, j.trace_context, COALESCE(a.created_at, e.created_at), a.due_at,
        e.dispatched_at
-FROM {stages.ENVELOPE} e
-JOIN {stages.JOB} j ON j.id = e.job_id
-LEFT JOIN {stages.ATTEMPT} a ON a.job_id = e.job_id AND a.attempt = e.attempt
+FROM {ENVELOPE} e
+JOIN {JOB} j ON j.id = e.job_id
+LEFT JOIN {ATTEMPT} a ON a.job_id = e.job_id AND a.attempt = e.attempt
 WHERE e.id = ANY(%s) AND e.status = 'dispatched' AND e.dispatched_at IS NOT NULL AND j.trace_context IS NOT NULL
 """
 
@@ -178,8 +179,8 @@ def envelopes_dispatched(envelope_ids: list[int]) -> None:
 ATTEMPT_SQL = f"""
 SELECT a.created_at, a.due_at, COALESCE(a.dispatched_at, e.dispatched_at), a.started_at, a.finished_at,
        a.outcome, a.error, a.worker, clock_timestamp()
-FROM {stages.ATTEMPT} a
-LEFT JOIN {stages.ENVELOPE} e ON e.job_id = a.job_id AND e.attempt = a.attempt
+FROM {ATTEMPT} a
+LEFT JOIN {ENVELOPE} e ON e.job_id = a.job_id AND e.attempt = a.attempt
 WHERE a.job_id = %s AND a.attempt = %s
 """
 

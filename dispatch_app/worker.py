@@ -22,10 +22,11 @@ from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck  # noqa: F4
 from dispatch_app.dbcheck import worker_check
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.domains import PayloadError, get_domain
-from dispatch_app.models import JobEvent
 from dispatch_app.providers import Provider, ProviderError, get_provider
 from dispatch_app.rqworker import prestart
-from dispatch_app.transitions import DUPLICATE, finish, redispatch, start, start_made_by, start_refusal
+from dispatch_app.store import events
+from dispatch_app.store import jobs as job_rows
+from dispatch_app.store.transitions import DUPLICATE, finish, redispatch, start, start_made_by, start_refusal
 
 log = logging.getLogger("dispatch_app.worker")
 
@@ -47,14 +48,10 @@ class WorkContext:
     def record_vendor_request(self, request_id: str) -> None:
         """Committed before the vendor call, so recovery can ask the vendor what happened."""
         with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE dispatch_app_job SET vendor_request_id = %s "
-                "WHERE id = %s AND attempt = %s AND status = 'running'",
-                [request_id, self.job_id, self.attempt],
-            )
+            job_rows.record_vendor_request(cursor, self.job_id, self.attempt, request_id)
 
     def call_vendor(self, purpose: str, call, *, verifiable: bool):
-        """Make one vendor call through the ledger (``dispatch_app.vendor_calls``): ``call(request_id)``.
+        """Make one vendor call through the ledger (``dispatch_app.store.vendor_calls``): ``call(request_id)``.
 
         Recorded (committed) before it is made and settled after; in a retry, a
         call that already took effect returns its recorded result instead of
@@ -62,7 +59,7 @@ class WorkContext:
         request id that ``Provider.request_status`` can ask about.
         """
         from dispatch_app.recovery.policy import resolve
-        from dispatch_app.vendor_calls import Ledger
+        from dispatch_app.store.vendor_calls import Ledger
 
         ledger = getattr(self, "_ledger", None)
         if ledger is None:
@@ -221,10 +218,10 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
         _finish(job_id, attempt, "failed", error=format_error(exc))
         return {"failed": str(exc)}
     if not _finish(job_id, attempt, "succeeded", result=result):
-        JobEvent.objects.create(
-            job_id=job_id,
-            attempt=attempt,
-            kind="late_result",
+        events.record(
+            job_id,
+            attempt,
+            "late_result",
             reason="finished after the job was moved on (recovered or cancelled)",
             data=result,
         )
@@ -244,7 +241,7 @@ def _not_started(domain_key: str, job_id: int, attempt: int) -> dict:
         )
         return {"refused": "no such job"}
     kind, reason = refusal
-    JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, reason=reason)
+    events.record(job_id, attempt, kind, reason=reason)
     if kind == DUPLICATE:
         log.info(
             "job %s attempt %s: duplicate delivery ignored",
@@ -274,7 +271,7 @@ def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: 
     """
     from dispatch_app.domains.base import CONCLUDE, RERUN
     from dispatch_app.recovery.policy import resolve
-    from dispatch_app.vendor_calls import VendorCallInDoubt
+    from dispatch_app.store.vendor_calls import VendorCallInDoubt
 
     conf = dispatch_settings()
     # The same policy recovery uses, settings overrides included.
@@ -286,10 +283,10 @@ def _provider_failed(domain, job_id: int, attempt: int, exc: Exception, reason: 
             reason = f"{exc}; it may have taken effect and this vendor cannot be asked"
             _finish(job_id, attempt, "outcome_unknown", error=reason)
             return {"outcome_unknown": reason}
-        JobEvent.objects.create(
-            job_id=job_id,
-            attempt=attempt,
-            kind="vendor_call_in_doubt",
+        events.record(
+            job_id,
+            attempt,
+            "vendor_call_in_doubt",
             reason=f"{exc}; left running for recovery to ask the vendor",
             data={"call": exc.call.as_dict()},
         )

@@ -25,10 +25,10 @@ from collections import OrderedDict, deque
 
 from dispatch_app import redis_servers
 from dispatch_app.conf import ANNOUNCE_PREFIX
-from dispatch_app.dispatch import claim
 from dispatch_app.dispatch.breaker import CLOSED, outage_reason
-from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.publisher import PermanentSendError
+from dispatch_app.store import claim
+from dispatch_app.store.claim import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
 

@@ -26,7 +26,7 @@ from django.db import connection
 
 from dispatch_app import failpoints, redis_servers
 from dispatch_app.conf import DispatchSettings, check_lease
-from dispatch_app.dispatch import announced, claim, outage
+from dispatch_app.dispatch import announced
 from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
 from dispatch_app.dispatch.drain_result import DrainResult
 from dispatch_app.dispatch.marker import Marker
@@ -34,6 +34,7 @@ from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.dispatch.sends import MIN_PROBE_BACKOFF, BatchRecord, Halt, chunks, sort_outcomes
 from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
+from dispatch_app.store import claim
 
 log = logging.getLogger("dispatch_app.dispatch")
 
@@ -339,7 +340,7 @@ class DispatchLoop:
             error = record.outage_error.get(server) or (breaker.error if breaker is not None else "")
             note = f"dispatch paused: {reason}: {error}"
             delay = record.outage_delay.get(key, 0.0)
-            result.outage_released += outage.give_back(ids, record.token, note, delay)
+            result.outage_released += claim.release(ids, record.token, error=note, delay=delay)
             # Remembered so a tick that finds them again is no missed wake-up (bounded memory).
             if len(self._given_back) < MAX_REMEMBERED_GIVE_BACKS:
                 self._given_back.update(ids)

@@ -38,8 +38,8 @@ from rq.utils import now, utcformat
 from dispatch_app import failpoints, redis_servers, rq_internals
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
-from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.domains import all_domains, get_domain, is_registered
+from dispatch_app.store.claim import Claimed
 
 # The guard: a script is not rolled back when a command in it fails, so a push
 # that would fail (the queue key is not a list) must fail before the hash is

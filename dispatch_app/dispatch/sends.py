@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from dispatch_app import redis_servers
 from dispatch_app.dispatch.breaker import OPEN, outage_reason
-from dispatch_app.dispatch.claim import Claimed
+from dispatch_app.store.claim import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
 

@@ -77,7 +77,7 @@ class RecoveryPolicy:
     # How long a vendor's "pending" (or no answer at all) about a call in doubt is believed, from when
     # the call was recorded (database clock); past it the job is outcome_unknown, never waited on forever.
     vendor_evidence_trust_seconds: float = 600.0
-    # The work makes every side effect through ctx.call_vendor (dispatch_app.vendor_calls): recovery
+    # The work makes every side effect through ctx.call_vendor (dispatch_app.store.vendor_calls): recovery
     # reasons over that ledger, and a job with no call in doubt can resume safely. Code, not a setting.
     records_vendor_calls: bool = False
 

@@ -14,13 +14,11 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from dispatch_app import transitions, vendor_calls
 from dispatch_app.conf import NOTIFY_CHANNEL
 from dispatch_app.domains import domain_keys
-from dispatch_app.models import DispatchEnvelope, DomainPause, DomainPauseEvent, Job, JobEvent
-
-ENVELOPE = "dispatch_app_dispatchenvelope"
-JOB = "dispatch_app_job"
+from dispatch_app.models import DispatchEnvelope, DomainPause, DomainPauseEvent, Job
+from dispatch_app.store import envelopes, events, transitions, vendor_calls
+from dispatch_app.store.tables import ENVELOPE, JOB
 
 
 @dataclass(frozen=True)
@@ -53,19 +51,13 @@ def _admin_log(user, model, object_id, object_repr: str, message: str) -> None:
 def retry_envelope_now(envelope_id: int, *, user=None) -> Outcome:
     """A pending envelope waiting on a backoff (or a delay) becomes due now; one in flight (leased) is left."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {ENVELOPE} SET available_at = clock_timestamp() "
-            "WHERE id = %s AND status = 'pending' AND lease_token IS NULL AND available_at > clock_timestamp() "
-            "RETURNING job_id, attempt",
-            [envelope_id],
-        )
-        row = cursor.fetchone()
+        row = envelopes.make_due_now(cursor, envelope_id)
         if row is None:
             return Outcome(False, f"envelope {envelope_id} is not a pending envelope waiting for later")
-        JobEvent.objects.create(
-            job_id=row[0],
-            attempt=row[1],
-            kind="operator_retry_now",
+        events.record(
+            row[0],
+            row[1],
+            "operator_retry_now",
             actor=_actor(user),
             reason=f"by {_actor(user)}",
             data={"envelope_id": envelope_id},
@@ -110,13 +102,9 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
             kind="operator_redispatch",
             reason=f"retry now by {_actor(user)} (was {status})",
             allowed_statuses=("submitted", "queued", "running", *RETRYABLE_FINISHED),
+            actor=_actor(user),
         )
         abandoned = 0
-        if new_attempt is not None:
-            # transitions.redispatch writes the event; the operator's name goes on it here (same transaction).
-            JobEvent.objects.filter(job_id=job_id, attempt=attempt, kind="operator_redispatch").update(
-                actor=_actor(user)
-            )
         if new_attempt is not None and status in RETRYABLE_FINISHED:
             transitions.reopen(cursor, job_id)
         if new_attempt is not None:
@@ -137,19 +125,6 @@ def retry_job_now(job_id: int, *, user=None) -> Outcome:
     return Outcome(True, f"job {job_id} re-dispatched as attempt {new_attempt} (was {status}){note}")
 
 
-REARM_SQL = f"""
-WITH env AS (
-    UPDATE {ENVELOPE} SET status = 'pending', send_attempts = 0, available_at = clock_timestamp(), lease_token = NULL
-    WHERE id = %(id)s AND status = 'dead'
-    RETURNING id, job_id, attempt, last_error
-), job AS (
-    -- failed | submitted -> submitted, same attempt (dispatch_app.transitions owns the job's side)
-    {transitions.REARM_CTE}
-)
-SELECT env.job_id, env.attempt, env.last_error, (SELECT count(*) FROM job) FROM env
-"""
-
-
 def rearm_envelope(envelope_id: int, *, user=None) -> Outcome:
     """A dead envelope goes back to pending with a fresh send budget; its job (failed by that death) is
     submitted again for the same attempt. Refused when the job has moved on (cancelled, a later attempt)."""
@@ -167,12 +142,11 @@ def rearm_envelope(envelope_id: int, *, user=None) -> Outcome:
         status, current = row
         if not current or status not in ("failed", "submitted"):
             return Outcome(False, f"envelope {envelope_id}: its job has moved on ({status}); not re-armed")
-        cursor.execute(REARM_SQL, {"id": envelope_id})
-        job_id, attempt, last_error, _ = cursor.fetchone()
-        JobEvent.objects.create(
-            job_id=job_id,
-            attempt=attempt,
-            kind="operator_rearm",
+        job_id, attempt, last_error = envelopes.rearm(cursor, envelope_id)
+        events.record(
+            job_id,
+            attempt,
+            "operator_rearm",
             actor=_actor(user),
             reason=f"by {_actor(user)}",
             data={"envelope_id": envelope_id, "previous_error": last_error},
@@ -191,10 +165,10 @@ def cancel_job(job_id: int, *, user=None, reason: str = "") -> Outcome:
         if row is None:
             return Outcome(False, f"job {job_id} is already finished; not cancelled")
         attempt, previous = row
-        JobEvent.objects.create(
-            job_id=job_id,
-            attempt=attempt,
-            kind="operator_cancel",
+        events.record(
+            job_id,
+            attempt,
+            "operator_cancel",
             actor=_actor(user),
             reason=f"by {_actor(user)}" + (f": {reason}" if reason else ""),
             data={"previous_status": previous},
@@ -204,7 +178,7 @@ def cancel_job(job_id: int, *, user=None, reason: str = "") -> Outcome:
     return Outcome(True, f"job {job_id} cancelled (was {previous})")
 
 
-# --- Per-domain pause: the claim passes a paused domain's envelopes over (dispatch.claim.CLAIM_SQL).
+# --- Per-domain pause: the claim passes a paused domain's envelopes over (store.claim.CLAIM_SQL).
 
 
 def _check_domain(domain: str) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-ATTEMPT = "dispatch_app_jobattempt"
+from dispatch_app.store.tables import ATTEMPT
+
 ENDED = ("succeeded", "failed", "outcome_unknown", "cancelled")
 BAD = ("failed", "outcome_unknown")
 TOP_ERRORS = 3

@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from dispatch_app.ops.timeline import format_duration
-
-ENVELOPE = "dispatch_app_dispatchenvelope"
-JOB = "dispatch_app_job"
+from dispatch_app.store.tables import ENVELOPE, JOB
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ from dispatch_app import stages
 from dispatch_app.domains import domain_keys
 from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, sections, stats
 from dispatch_app.rqworker import admission
+from dispatch_app.store.tables import ATTEMPT, JOB
 
-ATTEMPT = "dispatch_app_jobattempt"
-JOB = "dispatch_app_job"
 WINDOWS = (5, 60)  # minutes: failure counts and rates
 RATE_MINUTES = 5  # jobs per minute started / finished, averaged over this many minutes
 CHART_MINUTES = 60

@@ -11,8 +11,7 @@ from __future__ import annotations
 from django.db import connection
 
 from dispatch_app.ops import actions, rqside
-
-JOB = "dispatch_app_job"
+from dispatch_app.store.tables import JOB
 
 
 def retry_warnings(plans, job_ids) -> dict[str, list[str]]:

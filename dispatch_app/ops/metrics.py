@@ -19,6 +19,7 @@ from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import stats
 from dispatch_app.rqworker import admission
+from dispatch_app.store.tables import ATTEMPT
 
 log = logging.getLogger("dispatch_app.ops.metrics")
 
@@ -308,7 +309,7 @@ class OperatorCollector:
             WITH t AS (SELECT clock_timestamp() - make_interval(secs => %(lag)s) AS upto),
             a AS (
                 SELECT a.domain, a.outcome, {stages.seconds_sql("rq")} AS wait, t.upto
-                FROM {stages.ATTEMPT} a CROSS JOIN t
+                FROM {ATTEMPT} a CROSS JOIN t
                 WHERE a.finished_at > %(since)s AND a.finished_at <= t.upto
             )
             SELECT (SELECT upto FROM t), a.domain, a.outcome, width_bucket(a.wait, %(bounds)s::float8[]),

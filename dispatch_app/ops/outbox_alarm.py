@@ -15,8 +15,8 @@ the database clock.
 
 from __future__ import annotations
 
-ENVELOPE = "dispatch_app_dispatchenvelope"
-ATTEMPT = "dispatch_app_jobattempt"
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE
+
 PAUSE_EVENT = "dispatch_app_domainpauseevent"
 
 OLDEST_DUE_SQL = f"""

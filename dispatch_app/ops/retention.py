@@ -9,7 +9,7 @@ rounds instead of in one long delete. Ages are measured on the database clock.
 Pruned: dispatched envelopes (by dispatched_at), recovery rounds (by
 started_at) and dispatcher processes not seen for RETENTION_HEARTBEATS (their
 loop heartbeats go with them). Jobs, their events, and pending or dead
-envelopes are never pruned here.
+envelopes are never pruned here. The statement is the store's (store.retention).
 """
 
 from __future__ import annotations
@@ -17,32 +17,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from django.db import connection, transaction
-
 from dispatch_app.conf import DispatchSettings
-
-TABLES = {
-    "envelopes": (
-        "dispatch_app_dispatchenvelope",
-        "status = 'dispatched' AND dispatched_at < clock_timestamp() - make_interval(secs => %(keep)s)",
-        "dispatched_at, id",
-        "RETENTION_DISPATCHED_ENVELOPES",
-    ),
-    "recovery_rounds": (
-        "dispatch_app_recoveryround",
-        "started_at < clock_timestamp() - make_interval(secs => %(keep)s)",
-        "started_at, id",
-        "RETENTION_RECOVERY_ROUNDS",
-    ),
-    "processes": (
-        "dispatch_app_dispatcherprocess",
-        "last_seen_at < clock_timestamp() - make_interval(secs => %(keep)s)",
-        "last_seen_at, id",
-        "RETENTION_HEARTBEATS",
-    ),
-}
-
-CHILDREN = {"processes": [("dispatch_app_loopheartbeat", "process_id")]}
+from dispatch_app.store.retention import TABLES, prune_table
 
 
 @dataclass
@@ -52,31 +28,6 @@ class PruneResult:
     processes: int = 0
     batches: int = 0
     more: bool = False  # some table hit RETENTION_MAX_BATCHES: old rows remain for the next round
-
-
-def prune_table(key: str, keep_seconds: float, batch_size: int, max_batches: int) -> tuple[int, int, bool]:
-    """Returns (rows deleted, batches run, maybe more left)."""
-    table, where, order, _ = TABLES[key]
-    # Django's foreign keys cascade in Python, not in the database: delete the children in the same statement.
-    children = "".join(
-        f", {child}_gone AS (DELETE FROM {child} WHERE {column} IN (SELECT id FROM doomed))"
-        for child, column in CHILDREN.get(key, ())
-    )
-    sql = (
-        f"WITH doomed AS (SELECT id FROM {table} WHERE {where} "
-        f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED){children} "
-        f"DELETE FROM {table} WHERE id IN (SELECT id FROM doomed)"
-    )
-    deleted = batches = 0
-    for _ in range(max_batches):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql, {"keep": keep_seconds, "limit": batch_size})
-            count = cursor.rowcount
-        batches += 1
-        deleted += count
-        if count < batch_size:
-            return deleted, batches, False
-    return deleted, batches, True
 
 
 def prune(conf: DispatchSettings) -> PruneResult:

@@ -33,9 +33,8 @@ from dispatch_app import liveness, stages
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import sections
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
-ENVELOPE = "dispatch_app_dispatchenvelope"
-JOB = "dispatch_app_job"
 ROUND = "dispatch_app_recoveryround"
 PROCESS = "dispatch_app_dispatcherprocess"
 HEARTBEAT = "dispatch_app_loopheartbeat"
@@ -61,7 +60,7 @@ def job_summary(cursor) -> dict[str, dict]:
         SELECT j.domain, j.status, count(*),
                GREATEST(extract(epoch FROM t.now - min({stages.STAGE_START_SQL})), 0)
         FROM {JOB} j CROSS JOIN t
-        LEFT JOIN {stages.ATTEMPT} a ON a.job_id = j.id AND a.attempt = j.attempt
+        LEFT JOIN {ATTEMPT} a ON a.job_id = j.id AND a.attempt = j.attempt
         LEFT JOIN {ENVELOPE} e ON e.job_id = j.id AND e.attempt = j.attempt
         WHERE j.status = ANY(%s) GROUP BY j.domain, j.status, t.now
         """,

@@ -11,17 +11,18 @@ acts again in its own transaction, so only the one that raised counts as an erro
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import redis
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from dispatch_app import transitions
-from dispatch_app.models import JobEvent
 from dispatch_app.recovery import decide as decisions
 from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.decide import Decision, JobState
+from dispatch_app.store import events, transitions, vendor_calls
+from dispatch_app.store import jobs as job_rows
 
 if TYPE_CHECKING:
     from dispatch_app.recovery.result import CandidateReport, RoundResult
@@ -51,16 +52,6 @@ COUNT_EVENTS = {
     "errors": ERROR_EVENT,
 }
 
-# What the vendor said about a ledger call in doubt, written with the action that relies on it.
-SETTLE_SQL = """
-UPDATE dispatch_app_vendorcall SET status = %s, error = %s, finished_at = clock_timestamp()
-WHERE id = %s AND job_id = %s AND status IN ('pending', 'unknown')
-"""
-# A job left alone goes to the back of the discovery order and is looked at again
-# only after its threshold: otherwise B long-running jobs with live workers would
-# take every slot of every round.
-TOUCH_SQL = "UPDATE dispatch_app_job SET updated_at = clock_timestamp() WHERE id = %s AND attempt = %s"
-
 
 @dataclass
 class Planned:
@@ -78,9 +69,16 @@ COUNTS = ("redispatched", "left_alone", "unknown", "failed", "skipped", "errors"
 
 
 class Actions:
-    """The action phase of ``Round`` (a mixin: ``domain`` and ``_failed`` are the round's)."""
+    """The action phase of a recovery round (``Round`` holds one): take what was decided, in one transaction.
 
-    def _act_all(self, planned: list[Planned], result: RoundResult) -> None:
+    ``failed(candidate, report, result, exc)``: the round's handling of a candidate whose action raised.
+    """
+
+    def __init__(self, domain: str, failed: Callable[..., None]):
+        self.domain = domain
+        self._failed = failed
+
+    def act_all(self, planned: list[Planned], result: RoundResult) -> None:
         """The round's actions in one transaction: one statement locks every row, one commit ends it.
 
         The re-dispatches (a storm's bulk) are two statements for the whole batch
@@ -129,10 +127,10 @@ class Actions:
             return
         self._log_action(step)
 
-    def _act_before_leaving(self, planned: list[Planned], result: RoundResult) -> None:
+    def act_before_leaving(self, planned: list[Planned], result: RoundResult) -> None:
         """The round is ending on a fatal error (Redis or the database gone): what was decided is still done."""
         try:
-            self._act_all(planned, result)
+            self.act_all(planned, result)
         except ROUND_FATAL:
             pass  # the database is gone too: the round's error says so, and the candidates are found again
 
@@ -195,7 +193,7 @@ class Actions:
         if decision.settle:
             with connection.cursor() as cursor:
                 for call_id, status, note in decision.settle:
-                    cursor.execute(SETTLE_SQL, [status, note, call_id, state.job_id])
+                    vendor_calls.settle_in_doubt(cursor, call_id, status, note)
 
     def _act(self, state: JobState, decision: Decision, seen: evidence.Evidence, result: RoundResult) -> None:
         kind = decision.kind
@@ -214,7 +212,9 @@ class Actions:
             return
         with connection.cursor() as cursor:
             if kind == decisions.LEAVE_ALONE:
-                cursor.execute(TOUCH_SQL, [state.job_id, state.attempt])
+                # To the back of the discovery order, looked at again only after its threshold: otherwise B
+                # long-running jobs with live workers would take every slot of every round.
+                job_rows.touch(cursor, state.job_id, state.attempt)
                 result.left_alone += 1
             else:
                 status = "outcome_unknown" if kind == decisions.OUTCOME_UNKNOWN else "failed"
@@ -223,10 +223,10 @@ class Actions:
                     result.unknown += 1
                 else:
                     result.failed += 1
-        JobEvent.objects.create(
-            job_id=state.job_id,
-            attempt=state.attempt,
-            kind=EVENT_KINDS[kind],
+        events.record(
+            state.job_id,
+            state.attempt,
+            EVENT_KINDS[kind],
             reason=decision.reason,
             data={
                 "evidence": seen.as_dict(),

@@ -4,7 +4,7 @@ No I/O, no clock of its own: ``now`` is the database clock read with the
 state, so every threshold compares database times.
 
 For a job interrupted mid-run in a domain that is not retry-safe, the vendor
-calls in doubt decide (the vendor-call ledger, ``dispatch_app.vendor_calls``):
+calls in doubt decide (the vendor-call ledger, ``dispatch_app.store.vendor_calls``):
 each is settled by what the vendor says about it; when none is left in doubt,
 the job resumes as its next attempt, from the first call that did not take
 effect. A vendor's "pending" (or no answer) is believed only for the domain's

@@ -17,11 +17,9 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from dispatch_app import vendor_calls
 from dispatch_app.recovery.decide import JobState
-
-JOB = "dispatch_app_job"
-ENVELOPE = "dispatch_app_dispatchenvelope"
+from dispatch_app.store import vendor_calls
+from dispatch_app.store.tables import ENVELOPE, JOB
 
 # Served by job_recovery_candidates (domain, updated_at, id) WHERE status IN active:
 # the least threshold is an index range, the per-status one a filter on the few rows

@@ -27,22 +27,18 @@ from dataclasses import dataclass
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from dispatch_app import failpoints
-from dispatch_app.models import JobEvent, RecoveryRound
+from dispatch_app.models import RecoveryRound
 from dispatch_app.recovery import decide as decisions
 from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.actions import ERROR_EVENT, ROUND_FATAL, Actions, Planned
 from dispatch_app.recovery.result import CandidateReport, RoundResult
+from dispatch_app.store import events
+from dispatch_app.store import jobs as job_rows
 
 log = logging.getLogger("dispatch_app.recovery")
 
 # Advisory locks are keyed (namespace, hashtext(domain)); the namespace keeps ours apart.
 LOCK_NAMESPACE = 0x5046_5231  # "PFR1"
-
-# The back-off of a candidate whose handling raised (only while it is still unfinished).
-BACK_OFF_SQL = (
-    "UPDATE dispatch_app_job SET updated_at = clock_timestamp() "
-    "WHERE id = %s AND attempt = %s AND status IN ('submitted', 'queued', 'running')"
-)
 
 
 @dataclass
@@ -72,7 +68,7 @@ def release_domain_lock(domain: str) -> None:
         pass  # the session is gone, and its locks with it
 
 
-class Round(Actions):
+class Round:
     def __init__(
         self,
         policy,
@@ -90,6 +86,7 @@ class Round(Actions):
         self.dry_run = dry_run
         self.process = process or process_name()
         self.signals = signals or RoundSignals()
+        self.actions = Actions(self.domain, self._failed)
         # A loop's runner logs the failure of a round once per incident (runtime.incident); ``recover --once`` has
         # no runner, so by default the round logs its own.
         self.log_failures = True
@@ -166,9 +163,9 @@ class Round(Actions):
                 if step is not None:
                     planned.append(step)
         except ROUND_FATAL:
-            self._act_before_leaving(planned, result)
+            self.actions.act_before_leaving(planned, result)
             raise
-        self._act_all(planned, result)
+        self.actions.act_all(planned, result)
         self._record(result, final=True)
         acted = result.redispatched or result.unknown or result.failed or result.errors
         level = logging.INFO if acted else logging.DEBUG
@@ -197,12 +194,11 @@ class Round(Actions):
             return
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(BACK_OFF_SQL, [candidate.job_id, candidate.attempt])
-                if cursor.rowcount == 1:
-                    JobEvent.objects.create(
-                        job_id=candidate.job_id,
-                        attempt=candidate.attempt,
-                        kind=ERROR_EVENT,
+                if job_rows.touch(cursor, candidate.job_id, candidate.attempt, unfinished_only=True):
+                    events.record(
+                        candidate.job_id,
+                        candidate.attempt,
+                        ERROR_EVENT,
                         reason=f"recovery could not handle this job: {report.reason}; backed off until it is "
                         "stale again",
                         data={"round": result.round_id},

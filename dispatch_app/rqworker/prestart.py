@@ -53,7 +53,7 @@ def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
     from dispatch_app.dbcheck import worker_check as _check
     from dispatch_app.dispatch.publisher import parse_rq_job_id, rq_job_id
     from dispatch_app.rqworker.admission import queue_domains
-    from dispatch_app.transitions import start
+    from dispatch_app.store.transitions import start
 
     ours = parse_rq_job_id(rq_id)
     # Only the id is known yet (the hash is on its way): a job of a domain this queue serves, by the id the
@@ -103,7 +103,7 @@ def unclaimed() -> Held | None:
 
 def withdraw(held: Held, why: str) -> None:
     """Undo a start whose job this worker will not run (transitions.withdraw_start); logged, never raised."""
-    from dispatch_app.transitions import withdraw_start
+    from dispatch_app.store.transitions import withdraw_start
 
     started_at: Any = held.row[2]
     try:

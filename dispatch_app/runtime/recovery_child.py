@@ -73,7 +73,7 @@ def recovery_sessions(*, async_commit: bool = True) -> None:
     compare-and-set). Anything durable that saw the action, e.g. a worker's
     start of the re-dispatched attempt, flushed the WAL up to it first; the one
     effect outside the database, a dispatcher's send of the re-dispatched
-    envelope, is the case claims already accept (``dispatch.claim.ASYNC_COMMIT``):
+    envelope, is the case claims already accept (``store.claim.ASYNC_COMMIT``):
     the worker's start compare-and-set refuses an attempt that does not exist.
     """
     from django.db import connections

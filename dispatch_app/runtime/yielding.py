@@ -28,7 +28,7 @@ log = logging.getLogger("dispatch_app.runtime")
 BACKLOG_GRACE = 0.02
 CHECK_INTERVAL = 0.025
 
-# One look per claim index (first attempts, later ones: dispatch_app.dispatch.claim). The clock is read
+# One look per claim index (first attempts, later ones: dispatch_app.store.claim). The clock is read
 # once per half (a sub-select): compared with the bare volatile clock_timestamp(), available_at would be a
 # filter on every pending envelope of the index (all the delayed retries when there is no backlog).
 BACKLOG_SQL = """

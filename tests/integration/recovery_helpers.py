@@ -15,7 +15,7 @@ from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains import domain_keys, lane_queue_names
 from dispatch_app.recovery.policy import resolve
-from dispatch_app.transitions import START_SQL
+from dispatch_app.store.transitions import START_SQL
 
 TABLES = ("dispatch_app_job", "dispatch_app_dispatchenvelope", "dispatch_app_jobevent", "dispatch_app_recoveryround")
 # Every job is stale at once: the tests move time by thresholds, never by sleeping.

@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
-from dispatch_app import history_triggers, stages
+from dispatch_app import stages
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.models import DispatchEnvelope, Job, JobAttempt
 from dispatch_app.ops import actions
 from dispatch_app.outbox import submit
 from dispatch_app.providers import LocalProvider, set_provider
-from dispatch_app.transitions import redispatch
+from dispatch_app.store import history_triggers
+from dispatch_app.store.transitions import redispatch
 from dispatch_app.worker import execute
 from tests.factories import PAYLOADS
 from tests.integration.opsdata import sql

@@ -7,9 +7,9 @@ import psycopg
 import pytest
 from django.db import connection
 
-from dispatch_app.dispatch.claim import CLAIM_SQL, ENVELOPE, claim_batch
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import DispatchEnvelope
+from dispatch_app.store.claim import CLAIM_SQL, ENVELOPE, claim_batch
 from tests.factories import EnvelopeFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

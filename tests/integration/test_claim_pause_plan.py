@@ -3,8 +3,8 @@ of a paused domain until it is resumed."""
 
 import pytest
 
-from dispatch_app.dispatch.claim import claim_batch
 from dispatch_app.ops import actions
+from dispatch_app.store.claim import claim_batch
 from tests.integration.test_claim_plan import PENDING, claim_scans, explain
 from tests.integration.test_claim_plan import big_outbox as big_outbox  # noqa: F401 - the fixture, reused
 

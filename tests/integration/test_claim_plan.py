@@ -9,8 +9,8 @@ import uuid
 import pytest
 from django.db import connection
 
-from dispatch_app.dispatch.claim import AGAIN_PER_CLAIM, CLAIM_SQL, ENVELOPE, JOB, claim_batch
 from dispatch_app.prepared import DISPATCHER_SESSION
+from dispatch_app.store.claim import AGAIN_PER_CLAIM, CLAIM_SQL, ENVELOPE, JOB, claim_batch
 
 pytestmark = pytest.mark.django_db
 

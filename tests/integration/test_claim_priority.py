@@ -5,9 +5,9 @@ import psycopg
 import pytest
 from django.db import connection
 
-from dispatch_app.dispatch.claim import ENVELOPE, claim_batch
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import DispatchEnvelope
+from dispatch_app.store.claim import ENVELOPE, claim_batch
 from tests.factories import EnvelopeFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,7 +56,7 @@ def test_a_first_attempt_held_by_another_transaction_is_skipped_and_the_batch_to
 
 
 def test_a_claim_takes_at_most_its_share_of_redispatches_and_says_more_may_be_due():
-    from dispatch_app.dispatch.claim import AGAIN_PER_CLAIM
+    from dispatch_app.store.claim import AGAIN_PER_CLAIM
 
     again = envelopes(2, AGAIN_PER_CLAIM + 3, age_s=30)  # a recovery round's re-dispatches, committed together
     new = envelopes(1, 1, age_s=0.1)
@@ -72,9 +72,9 @@ def test_a_claim_takes_at_most_its_share_of_redispatches_and_says_more_may_be_du
 def test_the_loop_drains_a_burst_of_redispatches_in_short_batches_without_waiting_for_a_wake(redis_conn):
     import threading
 
-    from dispatch_app.dispatch.claim import AGAIN_PER_CLAIM
     from dispatch_app.dispatch.loop import DispatchLoop
     from dispatch_app.runtime.wake import NOTIFY
+    from dispatch_app.store.claim import AGAIN_PER_CLAIM
     from tests.integration.loop_kit import loop_settings
 
     burst = 2 * AGAIN_PER_CLAIM + 1

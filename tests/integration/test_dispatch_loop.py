@@ -9,12 +9,12 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app import submit, submit_many
 from dispatch_app.dbcheck import ConnectionCheck
-from dispatch_app.dispatch.claim import claim_batch
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope, EnvelopeStatus, Job, JobStatus
 from dispatch_app.runtime.runner import LoopRunner
 from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, STOP
+from dispatch_app.store.claim import claim_batch
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import NEVER, DrainLog, HeldPublisher, ObservedWake, loop_settings
 

@@ -8,7 +8,6 @@ their ``available_at`` into the past where the clock would have.
 import pytest
 
 from dispatch_app import submit_many
-from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope, Job
@@ -16,6 +15,7 @@ from dispatch_app.ops.heartbeat import HeartbeatTracker
 from dispatch_app.ops.metrics import DispatchMetrics
 from dispatch_app.ops.wiring import FanOut
 from dispatch_app.runtime.wake import NOTIFY
+from dispatch_app.store.claim import Claimed
 from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import DrainLog, loop_settings

@@ -11,11 +11,11 @@ import pytest
 from django.db import connection
 
 from dispatch_app import submit
-from dispatch_app.dispatch.claim import ENVELOPE, claim_batch
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope, EnvelopeStatus, Job, JobStatus
 from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
+from dispatch_app.store.claim import ENVELOPE, claim_batch
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import NEVER, loop_settings
 

@@ -13,9 +13,9 @@ import pytest
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
-from dispatch_app.dispatch.claim import Claimed
 from dispatch_app.dispatch.publisher import HashTemplate, Publisher, _hset_args, rq_job_id
 from dispatch_app.domains import all_domains
+from dispatch_app.store.claim import Claimed
 from tests.integration.loop_kit import loop_settings
 
 CLOCKS = ("created_at", "enqueued_at")

@@ -13,10 +13,10 @@ from rq.job import JobStatus as RQStatus
 from rq.serializers import JSONSerializer
 
 from dispatch_app import submit
-from dispatch_app.dispatch.claim import ENVELOPE, claim_batch, mark_dispatched
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher, rq_job_id
 from dispatch_app.models import DispatchEnvelope, EnvelopeStatus, Job, JobEvent, JobStatus
+from dispatch_app.store.claim import ENVELOPE, claim_batch, mark_dispatched
 from tests.factories import PAYLOADS
 from tests.helpers import wait_until
 from tests.integration import provider_kit

@@ -12,10 +12,10 @@ import psycopg
 import pytest
 
 from dispatch_app import submit
-from dispatch_app.dispatch import claim
-from dispatch_app.dispatch.claim import CLAIM_SQL
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job
+from dispatch_app.store import claim
+from dispatch_app.store.claim import CLAIM_SQL
 from tests.factories import PAYLOADS
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from dispatch_app import stages, submit, transitions
-from dispatch_app.dispatch import claim
+from dispatch_app import stages, submit
 from dispatch_app.models import DispatchEnvelope, Job
+from dispatch_app.store import claim, transitions
 from tests.factories import PAYLOADS
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,8 @@ import pytest
 
 from dispatch_app import submit
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.dispatch import claim
 from dispatch_app.models import DispatchEnvelope
+from dispatch_app.store import claim
 from tests.factories import PAYLOADS
 from tests.integration.test_notify import SENTINEL, armed, listen, received_until_sentinel, sentinel  # noqa: F401
 

@@ -19,8 +19,8 @@ from dispatch_app.models import Job
 from dispatch_app.ops import stats
 from dispatch_app.ops.metrics import DatabaseCollector
 from dispatch_app.ops.wiring import Ops
-from dispatch_app.recovery.actions import TOUCH_SQL
 from dispatch_app.runtime.supervisor import Supervisor
+from dispatch_app.store import jobs as job_rows
 from tests.integration.opsdata import attempt_row, envelope, job, percentile_cont, sql
 
 pytestmark = pytest.mark.django_db
@@ -69,7 +69,7 @@ def test_the_oldest_candidate_age_survives_recoverys_touch():
     with connection.cursor() as cursor:
         before = stats.job_summary(cursor)["delivery"]["oldest_candidate_age"]
         # Recovery looks, finds the worker alive, leaves it alone: updated_at moves to now.
-        cursor.execute(TOUCH_SQL, [stuck.pk, 1])
+        job_rows.touch(cursor, stuck.pk, 1)
         after = stats.job_summary(cursor)["delivery"]["oldest_candidate_age"]
     assert before == pytest.approx(600, abs=2) and after == pytest.approx(600, abs=2)
 

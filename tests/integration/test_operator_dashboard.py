@@ -12,10 +12,10 @@ from django.contrib.auth.models import Permission, User
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
-from dispatch_app.dispatch.claim import claim_batch
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
 from dispatch_app.ops import actions, board, rqjobs
 from dispatch_app.outbox import submit
+from dispatch_app.store.claim import claim_batch
 from tests.factories import PAYLOADS
 from tests.integration.opsdata import envelope, job, sql
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import DataError, connection
 
 from dispatch_app import prepared, submit
-from dispatch_app.dispatch.claim import claim_batch, mark_dispatched
+from dispatch_app.store.claim import claim_batch, mark_dispatched
 from dispatch_app.worker import execute
 from tests.factories import PAYLOADS
 

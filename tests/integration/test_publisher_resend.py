@@ -9,10 +9,10 @@ import pytest
 from rq.job import Job as RQJob
 
 from dispatch_app import submit_many
-from dispatch_app.dispatch import claim
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher, rq_job_id
 from dispatch_app.models import DispatchEnvelope
+from dispatch_app.store import claim
 from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import loop_settings

@@ -6,10 +6,11 @@ import pytest
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from dispatch_app import submit, vendor_calls
+from dispatch_app import submit
 from dispatch_app.models import DispatchEnvelope, Job, JobEvent, RecoveryRound
 from dispatch_app.recovery.discovery import Discovery
 from dispatch_app.recovery.round import Round, RoundSignals
+from dispatch_app.store import vendor_calls
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 from tests.integration.recovery_helpers import (

@@ -10,12 +10,12 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from dispatch_app import submit_many
-from dispatch_app.dispatch.claim import Claimed, claim_batch
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope
 from dispatch_app.ops.metrics import DispatchMetrics
 from dispatch_app.runtime.wake import NOTIFY
+from dispatch_app.store.claim import Claimed, claim_batch
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import loop_settings
 

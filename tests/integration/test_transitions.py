@@ -1,4 +1,4 @@
-"""dispatch_app.transitions: each move is a compare-and-set that refuses a job not in its from-state, and of two
+"""dispatch_app.store.transitions: each move is a compare-and-set that refuses a job not in its from-state, and of two
 concurrent transactions moving one job only one wins (the loser, blocked on the row, re-checks and finds it moved)."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 from django.db import connection, connections, transaction
 from psycopg.types.json import Jsonb
 
-from dispatch_app import submit, transitions
+from dispatch_app import submit
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import DispatchEnvelope, Job
-from dispatch_app.transitions import IllegalTransition
+from dispatch_app.store import transitions
+from dispatch_app.store.transitions import IllegalTransition
 from tests.factories import PAYLOADS
 from tests.helpers import wait_until
 from tests.integration.recovery_helpers import dispatch_now, other_connection

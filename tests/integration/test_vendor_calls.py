@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from dispatch_app import submit, vendor_calls
+from dispatch_app import submit
 from dispatch_app.models import Job, JobEvent, RecoveryRound, VendorCall
 from dispatch_app.providers import LocalProvider, ProviderError, set_provider
 from dispatch_app.recovery.round import Round
+from dispatch_app.store import vendor_calls
 from dispatch_app.worker import execute
 from tests.integration.recovery_helpers import (
     dispatch_now,
@@ -220,7 +221,7 @@ def _workflow_died_inside_step_two(job):
     """Attempt 1 ran step 0 and died inside step 1 (recorded, never settled); the job moved on to attempt 2."""
     from django.db import transaction
 
-    from dispatch_app.transitions import redispatch
+    from dispatch_app.store.transitions import redispatch
 
     dispatch_now()
     job.refresh_from_db()
@@ -291,7 +292,7 @@ def test_candidates_that_raise_are_backed_off_so_the_27th_is_handled(redis_conn,
 def test_an_operator_can_abandon_the_calls_in_doubt_so_a_retry_makes_them_again(make_provider):
     from django.db import transaction
 
-    from dispatch_app.transitions import redispatch
+    from dispatch_app.store.transitions import redispatch
 
     provider = make_provider(latency_ms=400, timeout=0.05)
     job = submit("agent", {"goal": "caption", "max_steps": 2})

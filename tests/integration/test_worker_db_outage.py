@@ -19,7 +19,7 @@ from dispatch_app import submit, worker
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import JobAttempt, JobStatus
-from dispatch_app.transitions import start
+from dispatch_app.store.transitions import start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 log = logging.getLogger("test.dbretry")

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 
 from dispatch_app import submit
-from dispatch_app.dispatch.claim import claim_batch, mark_dispatched
 from dispatch_app.models import DispatchEnvelope, EnvelopeStatus, Job, JobEvent, JobStatus
+from dispatch_app.store.claim import claim_batch, mark_dispatched
 from dispatch_app.worker import execute
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit

@@ -172,7 +172,7 @@ def test_recovery_redispatches_a_running_job_whose_rq_job_no_worker_ever_started
 def test_a_start_ahead_of_the_take_that_fails_leaves_the_start_to_the_job(idle_worker, provider, monkeypatch, caplog):
     from django.db import OperationalError
 
-    from dispatch_app import transitions
+    from dispatch_app.store import transitions
 
     job = submit("delivery", PAYLOADS["delivery"])
     dispatch_now()

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.failpoints",
             "dispatch_app.lanes",
             "dispatch_app.payloads",
-            "dispatch_app.history_triggers",
+            "dispatch_app.store.history_triggers",
             "dispatch_app.liveness",
             "dispatch_app.redis_servers",
             "dispatch_app.rq_internals",
@@ -40,9 +40,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("dispatch_app.models",)),
     ("domains", ("dispatch_app.domains", "dispatch_app.domains.*")),
     (
-        "core: the job's statements and stages",
+        "core: the store (every write to a job's rows) and the job's stages",
         (
-            "dispatch_app.transitions",
+            "dispatch_app.store",
+            "dispatch_app.store.*",
             "dispatch_app.stages",
             "dispatch_app.latency",
             "dispatch_app.tracing",
@@ -51,7 +52,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.dbcheck",
             "dispatch_app.dbretry",
             "dispatch_app.providers",
-            "dispatch_app.vendor_calls",
         ),
     ),
     (

@@ -17,7 +17,7 @@ from dispatch_app.recovery.decide import (
     decide,
 )
 from dispatch_app.recovery.policy import resolve
-from dispatch_app.vendor_calls import Call
+from dispatch_app.store.vendor_calls import Call
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 OVERRIDES = {

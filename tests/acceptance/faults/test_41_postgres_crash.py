@@ -8,7 +8,7 @@ no checkpoint, WAL still in shared buffers is gone) and started again after a
 seeded 0.3-1.2 s (``PF_FAULTS_CRASH_DOWN_MAX`` for longer); each start replays the WAL.
 
 What such a crash may lose is exactly what the project commits without
-waiting for the WAL flush: claims and marks (``dispatch.claim.ASYNC_COMMIT``),
+waiting for the WAL flush: claims and marks (``store.claim.ASYNC_COMMIT``),
 the ledger's settle of a successful call, the recovery child's actions. Each
 of those is documented as recoverable; this scenario checks it end to end.
 Every submit the producer saw commit is durable (synchronous commit), so none

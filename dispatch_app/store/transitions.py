@@ -23,20 +23,22 @@ The ``*_CTE`` pieces are parts of the dispatcher's envelope statements, named
 here so the job's side of those statements is owned here too; they read the
 CTE named in their comment.
 
-The job's creation (``submitted``, attempt 1) is the outbox write, dispatch_app.outbox.
+The job's creation (``submitted``, attempt 1) is the outbox write (``store.jobs``, called by ``dispatch_app.outbox``).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
 
 from dispatch_app import lanes
 from dispatch_app.domains import get_domain
-from dispatch_app.models import JobEvent
+from dispatch_app.store import events
+from dispatch_app.store.envelope_builder import fresh_insert, fresh_params
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
-JOB = "dispatch_app_job"
 UNFINISHED = ("submitted", "queued", "running")
 FINISHED_BY_WORKER = ("succeeded", "failed", "outcome_unknown")
 CONCLUDED_BY_RECOVERY = ("outcome_unknown", "failed")
@@ -92,7 +94,7 @@ WHERE j.id = %s AND j.attempt = %s AND j.status IN ('submitted', 'queued')
   AND j.domain = ANY(COALESCE(%s::text[], ARRAY[j.domain]))
   AND j.domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
   AND EXISTS (
-      SELECT 1 FROM dispatch_app_dispatchenvelope e
+      SELECT 1 FROM {ENVELOPE} e
       WHERE e.job_id = j.id AND e.attempt = j.attempt
         AND (e.status = 'dispatched'
              OR (e.status = 'pending'
@@ -105,7 +107,7 @@ START_REFUSAL_SQL = f"""
 SELECT j.status, j.attempt, j.domain, p.domain IS NOT NULL, e.status, e.lease_token IS NOT NULL,
        e.send_attempts, e.available_at, e.available_at <= clock_timestamp()
 FROM {JOB} j
-LEFT JOIN dispatch_app_dispatchenvelope e ON e.job_id = j.id AND e.attempt = %s
+LEFT JOIN {ENVELOPE} e ON e.job_id = j.id AND e.attempt = %s
 LEFT JOIN dispatch_app_domainpause p ON p.domain = j.domain
 WHERE j.id = %s
 """
@@ -114,7 +116,7 @@ WHERE j.id = %s
 # answer (the connection died after the COMMIT went out). Bounded in time so it can only be that try's start.
 START_MADE_BY_SQL = f"""
 SELECT j.payload, j.trace_context, j.started_at
-FROM {JOB} j JOIN dispatch_app_jobattempt a ON a.job_id = j.id AND a.attempt = j.attempt
+FROM {JOB} j JOIN {ATTEMPT} a ON a.job_id = j.id AND a.attempt = j.attempt
 WHERE j.id = %s AND j.attempt = %s AND j.status = 'running' AND a.worker = %s
   AND j.started_at > clock_timestamp() - make_interval(secs => %s)
 """
@@ -128,7 +130,7 @@ WITH back AS (
     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND started_at = %(started_at)s
     RETURNING id, attempt),
 history AS (
-    UPDATE dispatch_app_jobattempt a SET started_at = NULL, worker = ''
+    UPDATE {ATTEMPT} a SET started_at = NULL, worker = ''
     FROM back WHERE a.job_id = back.id AND a.attempt = back.attempt)
 SELECT id FROM back
 """
@@ -146,32 +148,45 @@ UPDATE {JOB} SET status = %s, finished_at = clock_timestamp(), error = %s
 WHERE id = %s AND attempt = %s AND status = %s
 """
 
-# <allowed> -> submitted with the next attempt; its envelope follows (REDISPATCH_ENVELOPE_SQL).
+# <allowed> -> submitted with the next attempt; its envelope follows (redispatch_envelope_sql).
 REDISPATCH_SQL = (
     f"UPDATE {JOB} SET attempt = attempt + 1, status = 'submitted', error = '', "
     "vendor_request_id = '', started_at = NULL "
     "WHERE id = %s AND attempt = %s AND status = ANY(%s) RETURNING attempt, domain"
 )
-REDISPATCH_ENVELOPE_SQL = (
-    "INSERT INTO dispatch_app_dispatchenvelope "
-    "(job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, created_at) "
-    "VALUES (%s, %s, %s, %s, 'pending', "
-    "clock_timestamp() + make_interval(secs => %s), 0, '', clock_timestamp())"
-)
+
+
 # The same move for many jobs of one domain in one statement (a recovery round's re-dispatches): each job's
 # compare-and-set is its own row of the unnest; the envelopes are inserted from the rows that moved.
-REDISPATCH_MANY_SQL = (
-    f"WITH seen(id, attempt, status) AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], "
-    "%(statuses)s::text[])), "
-    f"moved AS (UPDATE {JOB} j SET attempt = j.attempt + 1, status = 'submitted', error = '', "
-    "vendor_request_id = '', started_at = NULL FROM seen "
-    "WHERE j.id = seen.id AND j.attempt = seen.attempt AND j.status = seen.status AND j.domain = %(domain)s "
-    "RETURNING j.id, j.attempt), "
-    "envelopes AS (INSERT INTO dispatch_app_dispatchenvelope "
-    "(job_id, attempt, domain, queue, status, available_at, send_attempts, last_error, created_at) "
-    "SELECT id, attempt, %(domain)s, %(queue)s, 'pending', clock_timestamp(), 0, '', clock_timestamp() FROM moved) "
-    "SELECT id, attempt FROM moved"
-)
+@cache
+def redispatch_envelope_sql() -> str:
+    """The next attempt's envelope (the one builder's columns, store.envelope_builder), due after %(delay)s."""
+    columns, values = fresh_insert()
+    return (
+        f"INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{columns}) "
+        "VALUES (%(job_id)s, %(attempt)s, %(domain)s, %(queue)s, "
+        f"clock_timestamp() + make_interval(secs => %(delay)s){values})"
+    )
+
+
+# The same move for many jobs of one domain in one statement (a recovery round's re-dispatches): each job's
+# compare-and-set is its own row of the unnest; the envelopes are inserted from the rows that moved.
+@cache
+def redispatch_many_sql() -> str:
+    columns, values = fresh_insert()
+    return (
+        "WITH seen(id, attempt, status) AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], "
+        "%(statuses)s::text[])), "
+        f"moved AS (UPDATE {JOB} j SET attempt = j.attempt + 1, status = 'submitted', error = '', "
+        "vendor_request_id = '', started_at = NULL FROM seen "
+        "WHERE j.id = seen.id AND j.attempt = seen.attempt AND j.status = seen.status AND j.domain = %(domain)s "
+        "RETURNING j.id, j.attempt), "
+        f"envelopes AS (INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{columns}) "
+        f"SELECT id, attempt, %(domain)s, %(queue)s, clock_timestamp(){values} FROM moved) "
+        "SELECT id, attempt FROM moved"
+    )
+
+
 # A finished job an operator re-dispatched is unfinished again: its old outcome goes.
 REOPEN_SQL = f"UPDATE {JOB} SET finished_at = NULL, result = NULL WHERE id = %s"
 
@@ -179,7 +194,7 @@ REOPEN_SQL = f"UPDATE {JOB} SET finished_at = NULL, result = NULL WHERE id = %s"
 CANCEL_SQL = (
     f"UPDATE {JOB} SET status = 'cancelled', finished_at = clock_timestamp() "
     "WHERE id = %s AND status IN ('submitted', 'queued', 'running') RETURNING attempt, "
-    "(SELECT status FROM dispatch_app_job WHERE id = %s)"
+    f"(SELECT status FROM {JOB} WHERE id = %s)"
 )
 
 # failed | submitted -> submitted, same attempt: its dead envelope is re-armed. Reads ``env(job_id, attempt)``.
@@ -243,7 +258,7 @@ def withdraw_start(job_id: int, attempt: int, started_at, reason: str) -> bool:
             cursor.execute(WITHDRAW_START_SQL, {"id": job_id, "attempt": attempt, "started_at": started_at})
             if cursor.fetchone() is None:
                 return False
-        JobEvent.objects.create(job_id=job_id, attempt=attempt, kind="start_withdrawn", reason=reason)
+        events.record(job_id, attempt, "start_withdrawn", reason=reason)
     return True
 
 
@@ -291,16 +306,16 @@ def redispatch_many(domain: str, jobs: list[tuple[int, int, str, str, dict]], *,
         "queue": lanes.queue_name(get_domain(domain).queue, lanes.for_kind(kind)),
     }
     with connection.cursor() as cursor:
-        cursor.execute(REDISPATCH_MANY_SQL, params)
+        cursor.execute(redispatch_many_sql(), {**params, **fresh_params()})
         moved = dict(cursor.fetchall())
-    JobEvent.objects.bulk_create(
-        JobEvent(
-            job_id=job_id,
-            attempt=attempt,
-            kind=kind,
-            reason=reason,
-            data={**data, "next_attempt": moved[job_id], "delay_seconds": 0.0},
-        )
+    events.record_many(
+        {
+            "job_id": job_id,
+            "attempt": attempt,
+            "kind": kind,
+            "reason": reason,
+            "data": {**data, "next_attempt": moved[job_id], "delay_seconds": 0.0},
+        }
         for job_id, attempt, _, reason, data in jobs
         if job_id in moved
     )
@@ -327,10 +342,11 @@ def redispatch(
     delay_seconds: float = 0.0,
     allowed_statuses: tuple[str, ...] = UNFINISHED,
     data: dict | None = None,
+    actor: str = "",
 ) -> int | None:
     """Start the next attempt of a job through the outbox (new envelope, NOTIFY on commit).
 
-    ``data`` is added to the event's (e.g. the recovery round that decided it).
+    ``data`` is added to the event's (e.g. the recovery round that decided it); ``actor``: the operator's name.
 
     Compare-and-set on (attempt, status): returns the new attempt, or None when
     the job has moved on since the caller looked. Must run inside a transaction.
@@ -345,12 +361,14 @@ def redispatch(
             return None
         attempt, domain_key = row
         queue = lanes.queue_name(get_domain(domain_key).queue, lanes.for_kind(kind))
-        cursor.execute(REDISPATCH_ENVELOPE_SQL, [job_id, attempt, domain_key, queue, delay_seconds])
-    JobEvent.objects.create(
-        job_id=job_id,
-        attempt=from_attempt,
-        kind=kind,
+        envelope = {"job_id": job_id, "attempt": attempt, "domain": domain_key, "queue": queue, "delay": delay_seconds}
+        cursor.execute(redispatch_envelope_sql(), {**envelope, **fresh_params()})
+    events.record(
+        job_id,
+        from_attempt,
+        kind,
         reason=reason,
+        actor=actor,
         data={**(data or {}), "next_attempt": attempt, "delay_seconds": delay_seconds},
     )
     return attempt

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from dispatch_app import prepared, stages, tracing, transitions
+from dispatch_app import prepared, stages, tracing
+from dispatch_app.store import transitions
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
-ENVELOPE = "dispatch_app_dispatchenvelope"
-JOB = "dispatch_app_job"
-ATTEMPT = "dispatch_app_jobattempt"
 PAUSE = "dispatch_app_domainpause"
 
 
@@ -185,7 +184,7 @@ WITH marked AS ({marked}
         FROM marked m LEFT JOIN {ATTEMPT} a ON a.job_id = m.job_id AND a.attempt = m.attempt
     ) s
 ), jobs AS (
-    -- submitted -> queued (dispatch_app.transitions owns the job's side)
+    -- submitted -> queued (dispatch_app.store.transitions owns the job's side)
     {transitions.MARK_QUEUED_CTE}
 )
 SELECT (SELECT array_agg(id) FROM marked), (SELECT array_agg(latency) FROM waits) FROM {ASYNC_COMMIT}
@@ -282,7 +281,7 @@ WITH failed AS (
     WHERE e.id = ANY(%(ids)s) AND e.lease_token = %(token)s AND e.status = 'pending'
     RETURNING e.id, e.job_id, e.attempt, e.status, e.send_attempts
 ), dead_jobs AS (
-    -- submitted -> failed (dispatch_app.transitions owns the job's side)
+    -- submitted -> failed (dispatch_app.store.transitions owns the job's side)
     {transitions.DEAD_LETTER_CTE}
 ), events AS (
     INSERT INTO dispatch_app_jobevent (job_id, attempt, kind, reason, data, at)
@@ -331,17 +330,28 @@ def mark_failed(
         return dict(cursor.fetchall())
 
 
+# Claimed envelopes given back, their attempt not counted (the claim's send_attempts + 1 taken back):
+# unsent at shutdown (claimable at once, last error kept), or refused by a Redis outage (``error``, and a
+# ``delay`` as long as the dispatcher's pause, so other dispatchers -- each with its own breaker -- do not
+# hammer the same refusing server meanwhile). Nothing is dead-lettered. A compare-and-set on the lease token.
 RELEASE_SQL = f"""
-UPDATE {ENVELOPE} SET lease_token = NULL, available_at = clock_timestamp(),
-    send_attempts = GREATEST(send_attempts - 1, 0)
+UPDATE {ENVELOPE}
+SET lease_token = NULL,
+    send_attempts = GREATEST(send_attempts - 1, 0),
+    available_at = clock_timestamp() + make_interval(secs => %(delay)s),
+    last_error = COALESCE(left(%(error)s, 2000), last_error)
 WHERE id = ANY(%(ids)s) AND lease_token = %(token)s AND status = 'pending'
 """
 
 
-def release(envelope_ids: list[int], token: uuid.UUID) -> int:
-    """Give back envelopes claimed but never sent (shutdown): claimable at once, attempt not counted."""
+def release(envelope_ids: list[int], token: uuid.UUID, *, error: str | None = None, delay: float = 0.0) -> int:
+    """Give back envelopes this lease still holds (RELEASE_SQL); returns how many it held.
+
+    Unsent at shutdown: claimable at once. A send refused for a server-wide reason: ``error`` and ``delay``.
+    """
     if not envelope_ids:
         return 0
-    with connection.cursor() as cursor:
-        cursor.execute(RELEASE_SQL, {"ids": envelope_ids, "token": token})
+    params = {"ids": envelope_ids, "token": token, "error": error, "delay": delay}
+    with connection.cursor() as cursor:  # one statement in autocommit, like the claim's
+        cursor.execute(RELEASE_SQL, params)
         return cursor.rowcount

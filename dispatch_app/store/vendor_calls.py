@@ -38,20 +38,20 @@ from django.db import DatabaseError, connection
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.domains.base import CONCLUDE, RERUN, RecoveryPolicy
 from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
+from dispatch_app.store.tables import JOB, VENDOR_CALL
 
 log = logging.getLogger("dispatch_app.vendor_calls")
 
 PENDING, SUCCEEDED, FAILED, UNKNOWN = "pending", "succeeded", "failed", "unknown"
 UNSETTLED = (PENDING, UNKNOWN)
 
-TABLE = "dispatch_app_vendorcall"
-
+TABLE = VENDOR_CALL
 # Fenced on the attempt: the insert happens only while this attempt is the job's running one.
 # Touching the job (vendor_request_id, kept for compatibility) moves updated_at: a job making
 # vendor calls is making progress, and recovery's compare-and-set sees the new call.
 RECORD_SQL = f"""
 WITH j AS (
-    UPDATE dispatch_app_job SET vendor_request_id = %(request_id)s
+    UPDATE {JOB} SET vendor_request_id = %(request_id)s
     WHERE id = %(job)s AND attempt = %(attempt)s AND status = 'running'
     RETURNING id
 )
@@ -242,6 +242,12 @@ def abandon_in_doubt(job_id: int, reason: str) -> int:
             [f"abandoned: {reason}"[:4000], job_id],
         )
         return cursor.rowcount
+
+
+def settle_in_doubt(cursor, call_id: int, status: str, note: str) -> bool:
+    """The vendor's word on a call in doubt (recovery asked), in the caller's transaction; False: settled since."""
+    cursor.execute(SETTLE_SQL, [status, None, note, call_id])
+    return cursor.rowcount == 1
 
 
 def confirmed_result(call: Call) -> dict:
