@@ -3,7 +3,7 @@
 - ``simple``: W ``manage.py rqworker --worker-class rq.worker.SimpleWorker`` processes
   (JSON serializer), what the README ran before the project had its own worker.
 - ``pipeline``: ``manage.py runworkers --processes W``, the project's worker
-  (``dispatch_app.rqworker.PipelineWorker``); recorded as not available until it exists.
+  (``dispatch_app.worker.rqworker.PipelineWorker``); recorded as not available until it exists.
 
 Each starts idle and counts as ready once all W have registered in RQ's worker set.
 """
@@ -28,7 +28,7 @@ class Unavailable(RuntimeError):
 
 def pipeline_available() -> bool:
     return (
-        importlib.util.find_spec("dispatch_app.rqworker") is not None
+        importlib.util.find_spec("dispatch_app.worker.rqworker") is not None
         and (ROOT / "dispatch_app" / "management" / "commands" / "runworkers.py").exists()
     )
 
@@ -47,7 +47,9 @@ class Workers:
         """``run_stamps``: a file the workers append a line to as each job's work begins: the fault suite's
         ledger ("domain job attempt pid time", tests/acceptance/faults/site/sitecustomize.py)."""
         if kind == "pipeline" and not pipeline_available():
-            raise Unavailable("not available: dispatch_app.rqworker / manage.py runworkers are not in this checkout")
+            raise Unavailable(
+                "not available: dispatch_app.worker.rqworker / manage.py runworkers are not in this checkout"
+            )
         if kind not in ("simple", "pipeline"):
             raise ValueError(f"unknown worker kind {kind!r}")
         self.env = env

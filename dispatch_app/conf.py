@@ -56,7 +56,7 @@ SPECS: dict[str, _Spec] = {
     "BATCH_SIZE": _Spec(100, int, 1, 10_000, "envelopes claimed per dispatch batch"),
     "SEND_CONCURRENCY": _Spec(4, int, 1, 256, "sends in flight at once (threads)"),
     "SEND_CHUNK_SIZE": _Spec(50, int, 1, 10_000, "envelopes per Redis pipeline in one send"),
-    # Workers (dispatch_app.rqworker, manage.py runworkers).
+    # Workers (dispatch_app.worker.rqworker, manage.py runworkers).
     "WORKER_PREFETCH": _Spec(8, int, 1, 1000, "ready jobs a worker takes per dequeue round trip (1 = one at a time)"),
     "RECOVERY_LANE_EVERY": _Spec(
         10,

@@ -35,6 +35,6 @@ class ConnectionCheck:
         self.checked_at = time.monotonic()
 
 
-# The worker process's check: ``worker.execute`` and ``rqworker.prestart`` (the start made ahead of a job)
+# The worker process's check: ``worker.execute`` and ``worker.start_protocol.begin`` (the start made ahead of a job)
 # share it, so a start made ahead counts as the connection's use before the job's own start.
 worker_check = ConnectionCheck()

@@ -69,7 +69,7 @@ UTCPARSE_MODULES = ("rq.utils", "rq.scheduler")
 _JOB_PARAMS = ("self", "job", "queue", "execution")
 
 INTERNALS: tuple[Internal, ...] = (
-    # -- PipelineWorker overrides these private methods (worker.py); RQ must still call them by these names.
+    # -- PipelineWorker overrides these private methods (rqworker/worker.py); RQ must still call them by these names.
     Internal(
         f"{_BASE}._set_connection",
         "method",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dispatch_app import stages
 from dispatch_app.domains import domain_keys
 from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, sections, stats
-from dispatch_app.rqworker import admission
 from dispatch_app.store.tables import ATTEMPT, JOB
+from dispatch_app.worker.rqworker import admission
 
 WINDOWS = (5, 60)  # minutes: failure counts and rates
 RATE_MINUTES = 5  # jobs per minute started / finished, averaged over this many minutes

@@ -18,8 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import stats
-from dispatch_app.rqworker import admission
 from dispatch_app.store.tables import ATTEMPT
+from dispatch_app.worker.rqworker import admission
 
 log = logging.getLogger("dispatch_app.ops.metrics")
 

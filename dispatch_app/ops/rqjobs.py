@@ -20,7 +20,7 @@ from dispatch_app import lanes, redis_servers, rq_internals
 from dispatch_app.domains import UnknownDomain, get_domain
 from dispatch_app.models import JobAttempt
 from dispatch_app.ops import rqside
-from dispatch_app.rqworker.fetch import TAKEN_BY
+from dispatch_app.worker.rqworker.fetch import TAKEN_BY
 
 LIVE = ("queued", "running")
 

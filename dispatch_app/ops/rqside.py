@@ -40,8 +40,8 @@ from django.db import connection
 from dispatch_app import lanes, liveness, redis_servers, rq_internals
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
-from dispatch_app.rqworker import health
-from dispatch_app.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
+from dispatch_app.worker.rqworker import health
+from dispatch_app.worker.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
 log = logging.getLogger("dispatch_app.ops.rqside")
 

@@ -151,7 +151,7 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
     if evidence.rq_status == "started" and evidence.worker_alive:
         return Decision(LEAVE_ALONE, f"running on live worker {evidence.worker_name}")
     if evidence.rq_never_started and not state.in_doubt:
-        # A worker makes the start in PostgreSQL while Redis hands it the job (rqworker.prestart) and runs the
+        # A worker makes the start in PostgreSQL while Redis hands it the job (worker.start_protocol) and runs the
         # job only once Redis has its start too: it stopped in between. Calls in doubt (an earlier attempt's,
         # then) are the ledger's to settle first, below.
         return _attempt_or_fail(

@@ -122,7 +122,7 @@ WHERE j.id = %s AND j.attempt = %s AND j.status = 'running' AND a.worker = %s
 """
 
 # running -> queued, same attempt: a worker that started the job in PostgreSQL ahead of its take from Redis
-# (dispatch_app.rqworker.prestart) did not get the job to run. Only that start (its started_at) moves back;
+# (dispatch_app.worker.start_protocol) did not get the job to run. Only that start (its started_at) moves back;
 # the attempt's history forgets the start too, so a later start of the same attempt is recorded afresh.
 WITHDRAW_START_SQL = f"""
 WITH back AS (

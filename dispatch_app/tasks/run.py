@@ -27,7 +27,7 @@ _FINISHED = ("succeeded", "failed", "outcome_unknown")
 
 
 def _worker_name() -> str:
-    from dispatch_app.worker import _worker_name as name
+    from dispatch_app.worker.start_protocol import worker_name as name
 
     return name()
 

@@ -15,7 +15,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
 from dispatch_app.ops import board, rqside
-from dispatch_app.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker import PipelineWorker
 from tests.integration.opsdata import attempt_row, envelope, job
 from tests.integration.test_operator_dashboard import DASHBOARD, JOBS, LIVE, VIEW, enqueue, staff, worker
 
@@ -154,7 +154,7 @@ def test_every_dashboard_count_links_to_a_list_holding_what_it_counts(client, re
 def test_a_job_taken_but_not_started_by_a_dead_worker_names_that_worker(client, redis_conn):
     from rq.job import Job as RQJob
 
-    from dispatch_app.rqworker.fetch import Fetcher
+    from dispatch_app.worker.rqworker.fetch import Fetcher
 
     w = pipeline_worker(redis_conn, "agent", "w-taker")
     held = job("agent", "queued", dispatched_ago=50)

@@ -218,7 +218,7 @@ def test_queued_jobs_a_dead_worker_prefetched_explain_the_gap_in_a_banner(redis_
     from rq.serializers import JSONSerializer
 
     from dispatch_app.ops import board
-    from dispatch_app.rqworker.fetch import TAKEN_BY
+    from dispatch_app.worker.rqworker.fetch import TAKEN_BY
 
     q = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
     waiting, taken = [], []

@@ -20,8 +20,8 @@ from dispatch_app import lanes, submit
 from dispatch_app.dispatch.publisher import redis_connection
 from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.recovery.round import Round
-from dispatch_app.rqworker import PipelineWorker
-from dispatch_app.rqworker.fetch import Fetcher
+from dispatch_app.worker.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker.fetch import Fetcher
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 from tests.integration.recovery_helpers import dispatch_now, policy

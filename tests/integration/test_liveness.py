@@ -18,7 +18,7 @@ from django.db import connection
 from dispatch_app import liveness
 from dispatch_app.ops import rqside, stats
 from dispatch_app.recovery.evidence import worker_seen
-from dispatch_app.rqworker import health
+from dispatch_app.worker.rqworker import health
 from tests.helpers import PYTHON, ROOT, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)  # sessions of other processes see committed rows only

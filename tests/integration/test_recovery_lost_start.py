@@ -19,8 +19,8 @@ from rq.utils import utcformat
 from dispatch_app import submit
 from dispatch_app.models import Job, JobEvent
 from dispatch_app.recovery.round import Round
-from dispatch_app.rqworker import PipelineWorker
-from dispatch_app.rqworker.fetch import Fetcher
+from dispatch_app.worker.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker.fetch import Fetcher
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 from tests.integration.recovery_helpers import age_jobs, dispatch_now, policy, run_workers, statuses

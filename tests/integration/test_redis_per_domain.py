@@ -145,7 +145,7 @@ def test_each_domain_goes_to_its_own_redis_and_one_outage_pauses_only_its_domain
 
 def test_the_rq_side_reads_each_queue_on_its_server_and_one_down_hides_only_its_queues(two_redis):
     from dispatch_app.ops import rqjobs, rqside
-    from dispatch_app.rqworker import health
+    from dispatch_app.worker.rqworker import health
 
     up, down = two_redis
     up.client().rpush("rq:queue:delivery", "pf-1-1", "pf-2-1")
@@ -168,7 +168,7 @@ def test_the_rq_side_reads_each_queue_on_its_server_and_one_down_hides_only_its_
 def test_runworkers_refuses_queues_of_two_servers_and_names_the_runs_to_start_instead():
     from django.core.management import CommandError, call_command
 
-    from dispatch_app.rqworker.runner import connect, one_server
+    from dispatch_app.worker.rqworker.runner import connect, one_server
 
     queues = {name: dict(entry) for name, entry in settings.RQ_QUEUES.items()}
     other = "unix:///nonexistent/redis.sock?db=0"

@@ -17,9 +17,9 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app import submit
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
-from dispatch_app.rqworker import PipelineWorker
 from dispatch_app.store import transitions
 from dispatch_app.store.claim import claim_batch
+from dispatch_app.worker.rqworker import PipelineWorker
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 

@@ -21,8 +21,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat, utcparse
 from rq.worker import WorkerStatus
 
-from dispatch_app.rqworker import PipelineWorker
-from dispatch_app.rqworker.start_template import StartTemplate
+from dispatch_app.worker.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker.start_template import StartTemplate
 
 QUEUE = "delivery"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -177,7 +177,7 @@ def test_a_refused_template_leaves_each_start_to_rqs_code(worker, redis_conn, mo
 
 
 def test_templates_are_bounded_and_past_the_bound_rqs_code_starts_the_job(worker, redis_conn):
-    from dispatch_app.rqworker.starts import MAX_START_TEMPLATES
+    from dispatch_app.worker.rqworker.starts import MAX_START_TEMPLATES
 
     for timeout in range(MAX_START_TEMPLATES):
         worker._start_templates[(QUEUE, 10_000 + timeout, False)] = None

@@ -21,8 +21,8 @@ from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import DispatchEnvelope, Job, JobAttempt, JobStatus
 from dispatch_app.providers import LocalProvider, set_provider
-from dispatch_app.rqworker.runner import build_worker
 from dispatch_app.store import claim
+from dispatch_app.worker.rqworker.runner import build_worker
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import loop_settings
 

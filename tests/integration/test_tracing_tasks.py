@@ -4,7 +4,7 @@ import pytest
 
 from dispatch_app import tracing
 from dispatch_app.models import Job, JobStatus
-from dispatch_app.rqworker.runner import build_worker
+from dispatch_app.worker.rqworker.runner import build_worker
 from tests.integration.test_tracing import dispatch, job_spans, provider  # noqa: F401 - the fixture
 from tests.tasks import sample
 

@@ -13,7 +13,7 @@ from dispatch_app import submit, tracing
 from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import Job, JobStatus
-from dispatch_app.rqworker.runner import build_worker
+from dispatch_app.worker.rqworker.runner import build_worker
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import loop_settings
 

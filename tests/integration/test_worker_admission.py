@@ -18,7 +18,7 @@ from rq.serializers import JSONSerializer
 from dispatch_app import submit
 from dispatch_app.models import Job
 from dispatch_app.ops import board
-from dispatch_app.rqworker import PipelineWorker, admission
+from dispatch_app.worker.rqworker import PipelineWorker, admission
 from tests.canary import CANARY_ENV
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit

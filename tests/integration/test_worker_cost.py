@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from dispatch_app import domains, submit
-from dispatch_app import worker as worker_module
 from dispatch_app.models import Job, JobStatus
 from dispatch_app.worker import ERROR_MAX_CHARS, execute, format_error
+from dispatch_app.worker import execution as worker_module
 from tests.factories import PAYLOADS
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker runs in autocommit, as in a worker process

@@ -15,11 +15,12 @@ import psycopg
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from dispatch_app import submit, worker
+from dispatch_app import submit
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import JobAttempt, JobStatus
 from dispatch_app.store.transitions import start
+from dispatch_app.worker import start_protocol
 
 pytestmark = pytest.mark.django_db(transaction=True)
 log = logging.getLogger("test.dbretry")
@@ -133,10 +134,9 @@ def kill_own_session() -> None:
 
 def test_a_start_whose_answer_was_lost_is_found_as_this_workers_own(monkeypatch):
     job = submit("delivery", PAYLOAD)
-    monkeypatch.setattr(worker, "_worker_name", lambda: "pf.host.1.me")
     start_elsewhere(job.pk, "pf.host.1.me")
     kill_own_session()
-    row = worker._start(job.pk, 1)
+    row = start_protocol.start(job.pk, 1, None, worker="pf.host.1.me")
     assert row is not None, "the start this worker made is not refused as a duplicate"
     job.refresh_from_db()
     assert (job.status, row[2]) == (JobStatus.RUNNING, job.started_at)
@@ -144,15 +144,14 @@ def test_a_start_whose_answer_was_lost_is_found_as_this_workers_own(monkeypatch)
 
 def test_a_retried_start_never_takes_another_workers_start(monkeypatch):
     job = submit("delivery", PAYLOAD)
-    monkeypatch.setattr(worker, "_worker_name", lambda: "pf.host.1.me")
     start_elsewhere(job.pk, "pf.host.2.other")
     kill_own_session()
-    assert worker._start(job.pk, 1) is None  # a duplicate delivery, as without the retry
+    # a duplicate delivery, as without the retry
+    assert start_protocol.start(job.pk, 1, None, worker="pf.host.1.me") is None
 
 
 def test_a_start_whose_first_try_met_a_dead_session_starts_the_job(monkeypatch):
     job = submit("delivery", PAYLOAD)
-    monkeypatch.setattr(worker, "_worker_name", lambda: "pf.host.1.me")
     kill_own_session()
-    assert worker._start(job.pk, 1) is not None
+    assert start_protocol.start(job.pk, 1, None, worker="pf.host.1.me") is not None
     assert JobAttempt.objects.get(job=job, attempt=1).worker == "pf.host.1.me"

@@ -17,8 +17,8 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app import submit
 from dispatch_app.models import Job as JobModel
-from dispatch_app.rqworker import PipelineWorker
-from dispatch_app.rqworker.fetch import Fetcher
+from dispatch_app.worker.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker.fetch import Fetcher
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 

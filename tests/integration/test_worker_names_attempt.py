@@ -5,8 +5,8 @@ import pytest
 from dispatch_app import submit
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.models import JobAttempt, JobStatus
-from dispatch_app.rqworker.runner import build_worker
 from dispatch_app.store import claim
+from dispatch_app.worker.rqworker.runner import build_worker
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import loop_settings
 

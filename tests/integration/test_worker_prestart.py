@@ -1,4 +1,4 @@
-"""An idle worker starts the job in PostgreSQL while Redis hands it the job (rqworker.prestart).
+"""An idle worker starts the job in PostgreSQL while Redis hands it the job (worker.start_protocol).
 
 Real PostgreSQL, real Redis, a real PipelineWorker driven one step at a time: its blocking wait catches a
 job the dispatcher sent, the take's script call goes out, the start compare-and-set runs, then the take's
@@ -21,8 +21,9 @@ from rq.serializers import JSONSerializer
 from dispatch_app import submit
 from dispatch_app.models import Job, JobAttempt, JobEvent
 from dispatch_app.recovery.round import Round
-from dispatch_app.rqworker import PipelineWorker, prestart
-from dispatch_app.rqworker.fetch import Fetcher, PendingTake
+from dispatch_app.worker import start_protocol as prestart
+from dispatch_app.worker.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker.fetch import Fetcher, PendingTake
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 from tests.integration.recovery_helpers import age_jobs, dispatch_now, policy, start_like_a_worker, statuses

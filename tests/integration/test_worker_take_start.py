@@ -17,8 +17,8 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 
-from dispatch_app.rqworker import PipelineWorker
-from dispatch_app.rqworker.fetch import Fetcher
+from dispatch_app.worker.rqworker import PipelineWorker
+from dispatch_app.worker.rqworker.fetch import Fetcher
 
 QUEUE = "delivery"
 

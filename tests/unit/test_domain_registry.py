@@ -22,7 +22,7 @@ from dispatch_app.domains import (
     register,
     registry,
 )
-from dispatch_app.rqworker.runner import parse_queues
+from dispatch_app.worker.rqworker.runner import parse_queues
 from tests.project import domains as project
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from rq.worker import SimpleWorker
 
 from dispatch_app import rq_internals
 from dispatch_app.rq_internals import INTERNALS, Internal, RQContractError
-from dispatch_app.rqworker import PipelineWorker, fast_paths
+from dispatch_app.worker.rqworker import PipelineWorker, fast_paths
 
 
 @pytest.mark.parametrize("item", INTERNALS, ids=lambda item: item.path)

@@ -3,8 +3,8 @@
 import pytest
 
 from dispatch_app.domains import queue_names
-from dispatch_app.rqworker.health import FAILING_STREAK, failing
-from dispatch_app.rqworker.runner import BadQueues, parse_queues
+from dispatch_app.worker.rqworker.health import FAILING_STREAK, failing
+from dispatch_app.worker.rqworker.runner import BadQueues, parse_queues
 
 
 @pytest.mark.parametrize(

@@ -175,7 +175,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output (the same numbers)")
 
     def handle(self, *args, **options):
-        from dispatch_app.rqworker import health
+        from dispatch_app.worker.rqworker import health
 
         snap = board.build()  # the dashboard's data: stats plus the RQ side, failures, pauses, alarms
         for d in snap["domains"].values():

@@ -2,8 +2,8 @@
 
 All domain queues by default (they must live on one Redis: with domains on their
 own servers, run one ``runworkers --queues ...`` per server), the JSON serializer and
-``dispatch_app.rqworker.PipelineWorker`` always. The logic is in
-dispatch_app.rqworker.runner.
+``dispatch_app.worker.rqworker.PipelineWorker`` always. The logic is in
+dispatch_app.worker.rqworker.runner.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.management.commands._args import positive_int
 from dispatch_app.management.commands._migrated import require_migrated
-from dispatch_app.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
+from dispatch_app.worker.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
 
 
 class Command(BaseCommand):

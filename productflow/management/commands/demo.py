@@ -22,7 +22,7 @@ from dispatch_app.demo_payloads import demo_domain_keys
 from dispatch_app.latency import format_table, stage_latencies
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 from dispatch_app.management.commands._migrated import require_migrated
-from dispatch_app.rqworker.runner import default_processes
+from dispatch_app.worker.rqworker.runner import default_processes
 from productflow.management.commands.loadgen import generate, progress_bar
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")

@@ -23,7 +23,7 @@ import redis
 
 from dispatch_app import lanes
 from dispatch_app.ops import board
-from dispatch_app.rqworker import admission
+from dispatch_app.worker.rqworker import admission
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 from tests.canary import CANARY_ENV

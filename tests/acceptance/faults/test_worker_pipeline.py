@@ -26,7 +26,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.worker import Worker
 
 from dispatch_app.recovery.evidence import rq_job_status, worker_alive
-from dispatch_app.rqworker import health
+from dispatch_app.worker.rqworker import health
 from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]

@@ -2,9 +2,9 @@
 
 RQ stays the engine (queues, job hashes, registries); this package owns how the
 project's workers run. Import the class by its stable path:
-``dispatch_app.rqworker.PipelineWorker``.
+``dispatch_app.worker.rqworker.PipelineWorker``.
 """
 
-from dispatch_app.rqworker.worker import PipelineWorker
+from dispatch_app.worker.rqworker.worker import PipelineWorker
 
 __all__ = ["PipelineWorker"]

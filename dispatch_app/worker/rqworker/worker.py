@@ -43,15 +43,16 @@ from rq.worker_registration import register
 
 from dispatch_app import rq_internals
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.rqworker import admission, fast_paths, prestart
-from dispatch_app.rqworker.beat import Heartbeat, start_beacon
-from dispatch_app.rqworker.evidence import EvidenceMixin
-from dispatch_app.rqworker.fetch import Fetcher, Suspended, Taken
-from dispatch_app.rqworker.lane_share import LaneShare, with_lanes
-from dispatch_app.rqworker.outage import OutageMixin
-from dispatch_app.rqworker.start_template import StartTemplate
-from dispatch_app.rqworker.starts import StartsMixin
-from dispatch_app.rqworker.writes import WritesMixin
+from dispatch_app.worker import start_protocol as prestart
+from dispatch_app.worker.rqworker import admission, fast_paths
+from dispatch_app.worker.rqworker.beat import Heartbeat, start_beacon
+from dispatch_app.worker.rqworker.evidence import EvidenceMixin
+from dispatch_app.worker.rqworker.fetch import Fetcher, Suspended, Taken
+from dispatch_app.worker.rqworker.lane_share import LaneShare, with_lanes
+from dispatch_app.worker.rqworker.outage import OutageMixin
+from dispatch_app.worker.rqworker.start_template import StartTemplate
+from dispatch_app.worker.rqworker.starts import StartsMixin
+from dispatch_app.worker.rqworker.writes import WritesMixin
 
 log = logging.getLogger("dispatch_app.rqworker")
 

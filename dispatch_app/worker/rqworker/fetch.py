@@ -30,7 +30,7 @@ from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
 from dispatch_app import lanes, rq_internals
-from dispatch_app.rqworker import admission
+from dispatch_app.worker.rqworker import admission
 
 TAKEN_BY = "pf_taken_by"
 

@@ -1,6 +1,6 @@
 """What a PipelineWorker writes into its RQ worker hash for the health view, and how it reports a job it cannot read.
 
-Read by ``dispatch_app.rqworker.health`` (``dispatchstats``, the dashboard) and
+Read by ``dispatch_app.worker.rqworker.health`` (``dispatchstats``, the dashboard) and
 ``dispatch_app.ops.rqside``: the last outcomes (``s`` succeeded, ``f`` failed,
 ``d`` could not be deserialized), how many jobs it could not read, the last
 such error, and its heartbeat period.
@@ -13,7 +13,7 @@ import logging
 from rq.exceptions import DeserializationError
 from rq.utils import now
 
-from dispatch_app.rqworker.fetch import Taken
+from dispatch_app.worker.rqworker.fetch import Taken
 
 log = logging.getLogger("dispatch_app.rqworker")
 

@@ -1,4 +1,4 @@
-"""What an RQ worker runs: one entry point per domain, all through ``execute``.
+"""What an RQ worker runs: one entry point per domain, all through ``execute`` (start, run, settle).
 
 The start is a compare-and-set on (job, attempt): a second delivery of the same
 attempt finds the job no longer startable and does nothing. The start accepts
@@ -22,56 +22,17 @@ from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck  # noqa: F4
 from dispatch_app.dbcheck import worker_check
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.domains import PayloadError, get_domain
-from dispatch_app.providers import Provider, ProviderError, get_provider
-from dispatch_app.rqworker import prestart
+from dispatch_app.providers import ProviderError, get_provider
 from dispatch_app.store import events
-from dispatch_app.store import jobs as job_rows
-from dispatch_app.store.transitions import DUPLICATE, finish, redispatch, start, start_made_by, start_refusal
+from dispatch_app.store.transitions import DUPLICATE, finish, redispatch, start_refusal
+from dispatch_app.worker import start_protocol
+from dispatch_app.worker.context import WorkContext
 
 log = logging.getLogger("dispatch_app.worker")
+_check = worker_check  # shared with start_protocol.begin (dbcheck.worker_check); a test sets its own
 
 # Job.error: "<module.ExceptionClass>: <message>", a blank line, the traceback; at most this long.
 ERROR_MAX_CHARS = 8000
-
-
-@dataclass
-class WorkContext:
-    job_id: int
-    attempt: int
-    payload: dict
-    provider: Provider
-    # The start's database time (START_SQL returns it): dispatch_app.tasks hands it to task_started.
-    started_at: Any = None
-    # The domain (or task queue) key: its policy tells the ledger what to do about a call left in doubt.
-    domain: str = ""
-
-    def record_vendor_request(self, request_id: str) -> None:
-        """Committed before the vendor call, so recovery can ask the vendor what happened."""
-        with connection.cursor() as cursor:
-            job_rows.record_vendor_request(cursor, self.job_id, self.attempt, request_id)
-
-    def call_vendor(self, purpose: str, call, *, verifiable: bool):
-        """Make one vendor call through the ledger (``dispatch_app.store.vendor_calls``): ``call(request_id)``.
-
-        Recorded (committed) before it is made and settled after; in a retry, a
-        call that already took effect returns its recorded result instead of
-        being made again. ``verifiable``: the vendor keeps a record of the
-        request id that ``Provider.request_status`` can ask about.
-        """
-        from dispatch_app.recovery.policy import resolve
-        from dispatch_app.store.vendor_calls import Ledger
-
-        ledger = getattr(self, "_ledger", None)
-        if ledger is None:
-            policy = resolve(self.domain, dispatch_settings().RECOVERY) if self.domain else None
-            ledger = self._ledger = Ledger(self.job_id, self.attempt, self.provider, policy=policy)
-        return ledger.call(purpose, call, verifiable=verifiable)
-
-    def write_outcome(self, *, quiet: bool = False) -> None:
-        """The last succeeded call's outcome, which the ledger writes with its next record (none came)."""
-        ledger = getattr(self, "_ledger", None)
-        if ledger is not None:
-            ledger.write_outcome(quiet=quiet)
 
 
 def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
@@ -97,32 +58,6 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     )
 
 
-def _start(job_id: int, attempt: int, domain_key: str | None = None):
-    """The start compare-and-set: one autocommit statement, durable before any side effect, without BEGIN/COMMIT.
-
-    A job taken while PostgreSQL is away is started once it is back (dbretry), not failed in RQ and left to
-    recovery's stale threshold (minutes by default).
-    """
-    worker = _worker_name()
-
-    def run(cursor, retry: bool):
-        row = start(cursor, worker, job_id, attempt, None if domain_key is None else [domain_key])
-        if row is None and retry:
-            # A start older than the retries can be is not this call's.
-            within = dispatch_settings().WORKER_DB_OUTAGE_WAIT + 60
-            row = start_made_by(cursor, worker, job_id, attempt, within)
-        return row
-
-    return on_fresh_connections(
-        run,
-        log,
-        "job %s attempt %s: connection lost before the start; retrying on a fresh connection",
-        job_id,
-        attempt,
-        action="start_retry",
-    )
-
-
 def format_error(exc: BaseException) -> str:
     """The shape Job.error keeps: the exception's dotted class and message, a blank line, the traceback.
 
@@ -140,35 +75,27 @@ def format_error(exc: BaseException) -> str:
     return f"{head}\n\n{trace}"
 
 
-_check = worker_check  # shared with rqworker.prestart (dbcheck.worker_check)
-
-
-def _worker_name() -> str:
-    """The RQ worker running this job ('' outside one, e.g. a test calling ``execute``)."""
-    from rq import get_current_job
-
-    job = get_current_job()
-    return (getattr(job, "worker_name", None) or "") if job is not None else ""
-
-
 def execute(domain_key: str, job_id: int, attempt: int) -> dict:
+    """Run one attempt of a job: start it, run the domain's ``work``, settle what came of it; returns the outcome."""
     _check.before()
     try:
-        return _execute(domain_key, job_id, attempt)
+        domain = get_domain(domain_key)
+        started = _start(domain, job_id, attempt)
+        if not isinstance(started, WorkContext):
+            return started  # not started, or its payload refused: nothing ran
+        return _settle(domain, started, _run(domain, started))
     finally:
         tracing.job_ended()  # ends the run span job_started opened (dispatch_app.tracing); else a no-op
         _check.after()
 
 
-def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
-    domain = get_domain(domain_key)
-    # The project's worker may have made the start already, while Redis handed it the job (prestart).
-    row = prestart.claim(job_id, attempt)
+def _start(domain, job_id: int, attempt: int) -> WorkContext | dict:
+    """The start (start_protocol: perhaps made already, while Redis handed the job over) and the payload checked:
+    the context the work runs with, or the outcome when there is nothing to run."""
+    row = start_protocol.start(job_id, attempt, [domain.key], worker=start_protocol.worker_name())
     if row is None:
-        row = _start(job_id, attempt, domain_key)
-    if row is None:
-        return _not_started(domain_key, job_id, attempt)
-    tracing.job_started(domain_key, job_id, attempt, row[1], row[2])  # the run span, if the submit was traced
+        return _not_started(domain.key, job_id, attempt)
+    tracing.job_started(domain.key, job_id, attempt, row[1], row[2])  # the run span, if the submit was traced
     # Django leaves jsonb undecoded on raw cursors.
     payload = json.loads(row[0]) if isinstance(row[0], str) else row[0]
     try:
@@ -177,10 +104,20 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
         # A poison payload fails the same way every time: no retry.
         _finish(job_id, attempt, "failed", error=f"payload rejected: {exc}")
         return {"failed": str(exc)}
-
-    ctx = WorkContext(
-        job_id=job_id, attempt=attempt, payload=payload, provider=get_provider(), started_at=row[2], domain=domain_key
+    return WorkContext(
+        job_id=job_id, attempt=attempt, payload=payload, provider=get_provider(), started_at=row[2], domain=domain.key
     )
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the work returned, or the exception it raised (a BaseException that is not an Exception propagates)."""
+
+    result: Any = None
+    error: Exception | None = None
+
+
+def _run(domain, ctx: WorkContext) -> Ran:
     try:
         try:
             result = domain.work(ctx)
@@ -188,44 +125,60 @@ def _execute(domain_key: str, job_id: int, attempt: int) -> dict:
             ctx.write_outcome(quiet=True)
             raise
         ctx.write_outcome()
-    except ProviderError as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure of the work is settled (_settle), none escapes RQ
+        return Ran(error=exc)
+    return Ran(result=result)
+
+
+def _settle(domain, ctx: WorkContext, ran: Ran) -> dict:
+    """The attempt's outcome saved: succeeded, a retry through the outbox, left in doubt, or failed."""
+    job_id, attempt, exc = ctx.job_id, ctx.attempt, ran.error
+    if isinstance(exc, ProviderError):
         return _provider_failed(domain, job_id, attempt, exc)
-    except (OperationalError, InterfaceError) as exc:
-        # The session died mid-work (a terminated backend, a failover): no verdict on the work itself. What
-        # it did is in the vendor-call ledger, so the next attempt resumes after the calls that took effect.
-        log.warning(
-            "job %s attempt %s: database connection lost during the work; retrying through the outbox",
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return _connection_lost(domain, job_id, attempt, exc)
+    if exc is not None:
+        log.error(
+            "job %s attempt %s crashed",
             job_id,
             attempt,
-            extra={"action": "work_connection_lost", "domain": domain_key},
-        )
-        connection.close()
-        # The next attempt goes through the outbox, so the server must answer first: wait for it as the saves do
-        # (past WORKER_DB_OUTAGE_WAIT this raises, and recovery takes the job over).
-        on_fresh_connections(
-            lambda cursor, retry: cursor.execute("SELECT 1"),
-            log,
-            "job %s attempt %s: waiting for the database to retry through the outbox",
-            job_id,
-            attempt,
-            action="work_connection_wait",
-        )
-        return _provider_failed(domain, job_id, attempt, exc, reason=f"database connection lost during the work: {exc}")
-    except Exception as exc:
-        log.exception(
-            "job %s attempt %s crashed", job_id, attempt, extra={"action": "task_error", "domain": domain_key}
+            exc_info=exc,
+            extra={"action": "task_error", "domain": domain.key},
         )
         _finish(job_id, attempt, "failed", error=format_error(exc))
         return {"failed": str(exc)}
-    if not _finish(job_id, attempt, "succeeded", result=result):
+    if not _finish(job_id, attempt, "succeeded", result=ran.result):
         events.record(
             job_id,
             attempt,
             "late_result",
             reason="finished after the job was moved on (recovered or cancelled)",
-            data=result,
+            data=ran.result,
         )
     return {"succeeded": True}
+
+
+def _connection_lost(domain, job_id: int, attempt: int, exc: Exception) -> dict:
+    """The session died mid-work (a terminated backend, a failover): no verdict on the work itself. What it did
+    is in the vendor-call ledger, so the next attempt resumes after the calls that took effect."""
+    log.warning(
+        "job %s attempt %s: database connection lost during the work; retrying through the outbox",
+        job_id,
+        attempt,
+        extra={"action": "work_connection_lost", "domain": domain.key},
+    )
+    connection.close()
+    # The next attempt goes through the outbox, so the server must answer first: wait for it as the saves do
+    # (past WORKER_DB_OUTAGE_WAIT this raises, and recovery takes the job over).
+    on_fresh_connections(
+        lambda cursor, retry: cursor.execute("SELECT 1"),
+        log,
+        "job %s attempt %s: waiting for the database to retry through the outbox",
+        job_id,
+        attempt,
+        action="work_connection_wait",
+    )
+    return _provider_failed(domain, job_id, attempt, exc, reason=f"database connection lost during the work: {exc}")
 
 
 def _not_started(domain_key: str, job_id: int, attempt: int) -> dict:

@@ -23,8 +23,8 @@ from rq.worker_pool import WorkerPool
 from dispatch_app import redis_servers
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import lane_queue_names, queue_names
-from dispatch_app.rqworker.worker import PipelineWorker
 from dispatch_app.runtime.gcfreeze import freeze_startup
+from dispatch_app.worker.rqworker.worker import PipelineWorker
 
 log = logging.getLogger("dispatch_app.rqworker")
 

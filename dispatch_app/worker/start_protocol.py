@@ -1,4 +1,11 @@
-"""A job's start in PostgreSQL, sent while Redis runs the take that hands the job to this worker.
+"""The job's start: one protocol, whether it is made ahead of the take or when the job runs.
+
+``start`` is the one function that starts a job (transitions.START_SQL on (job, attempt), by this worker, in the
+entry point's domains), with one contract: the start's row (payload, trace context, started_at, domain), or None
+when the attempt is not startable (a duplicate delivery, a refused one: the caller records why). Made ahead
+(``ahead=True``), it is one try and an error is None (the job's run meets it again); made when the job runs, a
+start this worker already made ahead for this job is taken as it is, and a lost connection is retried on fresh
+ones until PostgreSQL is back (``WORKER_DB_OUTAGE_WAIT``), a start lost with its answer found again.
 
 An idle worker woken by a job knows the job's (id, attempt) from its RQ id
 (``pf-<id>-<attempt>``) before it has the job's hash. The start compare-and-set
@@ -6,7 +13,7 @@ An idle worker woken by a job knows the job's (id, attempt) from its RQ id
 (``fetch.PendingTake``): the job's start is durable in PostgreSQL and in Redis one
 round trip sooner than one after the other. Nothing the job does happens before
 both are in: ``dispatch_app.worker.execute`` takes the start handed over here
-instead of running its own (``claim``).
+instead of running its own (``start``).
 
 When the take does not hand this worker the job after all (its hash vanished,
 its reply was lost and the job went back to its queue, it cannot be read, the
@@ -24,7 +31,14 @@ from typing import Any
 
 from django.db import Error
 
+from dispatch_app import prepared
+from dispatch_app.conf import dispatch_settings
+from dispatch_app.dbcheck import worker_check as _check
+from dispatch_app.dbretry import on_fresh_connections
+from dispatch_app.store import transitions
+
 log = logging.getLogger("dispatch_app.rqworker")
+run_log = logging.getLogger("dispatch_app.worker")
 
 
 @dataclass(frozen=True)
@@ -46,14 +60,49 @@ class Held:
 _handed: Held | None = None
 
 
+def start(job_id: int, attempt: int, domains: list[str] | None, *, worker: str, ahead: bool = False) -> tuple | None:
+    """The job's start (the module's contract): START_SQL's row, or None when the attempt is not startable.
+
+    ``domains``: the keys the job may be in (the entry point's); None: any (tools and tests only).
+    """
+    if ahead:
+        with prepared.cursor() as cursor:
+            return transitions.start(cursor, worker, job_id, attempt, domains)
+    row = claim(job_id, attempt)
+    if row is not None:
+        return row
+
+    def run(cursor, retry: bool):
+        row = transitions.start(cursor, worker, job_id, attempt, domains)
+        if row is None and retry:
+            # A start older than the retries can be is not this call's.
+            within = dispatch_settings().WORKER_DB_OUTAGE_WAIT + 60
+            row = transitions.start_made_by(cursor, worker, job_id, attempt, within)
+        return row
+
+    return on_fresh_connections(
+        run,
+        run_log,
+        "job %s attempt %s: connection lost before the start; retrying on a fresh connection",
+        job_id,
+        attempt,
+        action="start_retry",
+    )
+
+
+def worker_name() -> str:
+    """The RQ worker running this job ('' outside one, e.g. a test calling ``execute``)."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    return (getattr(job, "worker_name", None) or "") if job is not None else ""
+
+
 def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
-    """The job's start, made now; None for a job that is not the dispatcher's, not startable, or on an error
-    (``execute`` then runs the start itself, as without this, and reports what it finds)."""
-    from dispatch_app import prepared
-    from dispatch_app.dbcheck import worker_check as _check
+    """The job's start, made ahead of its take; None for a job that is not the dispatcher's, not startable, or on
+    an error (``execute`` then runs the start itself, as without this, and reports what it finds)."""
     from dispatch_app.dispatch.publisher import parse_rq_job_id, rq_job_id
-    from dispatch_app.rqworker.admission import queue_domains
-    from dispatch_app.store.transitions import start
+    from dispatch_app.worker.rqworker.admission import queue_domains
 
     ours = parse_rq_job_id(rq_id)
     # Only the id is known yet (the hash is on its way): a job of a domain this queue serves, by the id the
@@ -64,8 +113,7 @@ def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
     job_id, attempt = ours
     try:
         _check.before()
-        with prepared.cursor() as cursor:
-            row = start(cursor, worker_name, job_id, attempt, domains)
+        row = start(job_id, attempt, domains, worker=worker_name, ahead=True)
     except Exception as exc:  # noqa: BLE001 - the take's reply is still to be read; execute meets the error again
         log.warning(
             "job %s attempt %s: start ahead of the take failed (%s); the job starts when it runs",
@@ -103,11 +151,11 @@ def unclaimed() -> Held | None:
 
 def withdraw(held: Held, why: str) -> None:
     """Undo a start whose job this worker will not run (transitions.withdraw_start); logged, never raised."""
-    from dispatch_app.store.transitions import withdraw_start
-
     started_at: Any = held.row[2]
     try:
-        done = withdraw_start(held.job_id, held.attempt, started_at, f"start withdrawn by its worker: {why}")
+        done = transitions.withdraw_start(
+            held.job_id, held.attempt, started_at, f"start withdrawn by its worker: {why}"
+        )
     except Error as exc:
         log.error(
             "job %s attempt %s: its start could not be withdrawn (%s): it stays running until recovery, which "

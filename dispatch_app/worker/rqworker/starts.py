@@ -14,8 +14,8 @@ from rq.executions import Execution
 from rq.worker import WorkerStatus
 
 from dispatch_app import rq_internals
-from dispatch_app.rqworker.fetch import Start, mark_started
-from dispatch_app.rqworker.start_template import StartTemplate
+from dispatch_app.worker.rqworker.fetch import Start, mark_started
+from dispatch_app.worker.rqworker.start_template import StartTemplate
 
 log = logging.getLogger("dispatch_app.rqworker")
 
