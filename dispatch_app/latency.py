@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatch_app import stages
+from dispatch_app import stage_sql
 
 # The table's row names: the stage and the two instants it spans.
 ROW_NAMES = {
@@ -12,12 +12,12 @@ ROW_NAMES = {
     "worker": "worker (started→finished)",
 }
 
-StageLatency = stages.StageSummary
+StageLatency = stage_sql.StageSummary
 
 
 def stage_latencies(min_job_id: int = 0, max_job_id: int | None = None) -> list[StageLatency]:
     """Percentiles per stage over every attempt of the jobs min_job_id <= id <= max_job_id (completed stages)."""
-    return stages.summary(min_job_id, max_job_id)
+    return stage_sql.summary(min_job_id, max_job_id)
 
 
 def format_table(rows: list[StageLatency]) -> str:

@@ -7,7 +7,7 @@ clock; stage times come from ``dispatch_app.stages`` (one definition).
 
 from __future__ import annotations
 
-from dispatch_app import stages
+from dispatch_app import stage_sql
 from dispatch_app.domains import domain_keys
 from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, sections, stats
 from dispatch_app.store.tables import ATTEMPT, JOB
@@ -92,7 +92,7 @@ def charts(cursor, minutes: int = CHART_MINUTES) -> dict[str, list[dict]]:
     """Per domain, one point per minute (oldest first): dispatched, p95 outbox and RQ waits (by dispatch
     minute), finished and failed (by finish minute)."""
     # Attempts still waiting in RQ have no dispatch in their history row yet: stages reads their envelopes.
-    dispatched = stages.per_minute_by_domain(cursor, minutes)
+    dispatched = stage_sql.per_minute_by_domain(cursor, minutes)
     cursor.execute(
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)
@@ -128,18 +128,36 @@ def charts(cursor, minutes: int = CHART_MINUTES) -> dict[str, list[dict]]:
 
 def banners(data: dict) -> list[dict]:
     """Red (``error``) and amber (``warning``) lines for the top of the dashboard, most urgent first."""
-    out: list[dict] = []
+    out = _dispatcher_banners(data)
+    rq = data["rq"]
+    if rq["error"]:
+        out.append(_banner("error", "redis", f"Redis cannot be read: {rq['error']}."))
+    out.extend(outbox_alarm.banners(data.get("outbox_alarms") or {}, _dur))
+    out.extend(_domain_banners(data))
+    out.extend(alarms.banners(data.get("failure_alarms") or {}))
+    out.extend(blockers.dead_worker_banners(data.get("running_workers") or [], rq))
+    out.extend(data.get("prefetched_by_dead") or [])
+    out.extend(_worker_banners(data))
+    out.extend(_paused_banners(data))
+    return out
 
+
+def _banner(level: str, key: str, text: str, link: str = "") -> dict:
     # A link's query uses the list filters' own parameters (domain__exact, status__exact, stage), so the list it
     # opens shows those filters selected, not "All" over a list that is filtered all the same.
-    def add(level: str, key: str, text: str, link: str = "") -> None:
-        out.append({"level": level, "key": key, "text": text, "link": link})
+    return {"level": level, "key": key, "text": text, "link": link}
 
+
+def _dispatcher_banners(data: dict) -> list[dict]:
+    """No live dispatcher; a stale process or loop; a paused dispatch; a failing recovery child."""
+    out: list[dict] = []
     # None: not read (a "cannot be read" banner says so), which is not "no dispatcher".
     processes = data["dispatchers"] if data["dispatchers"] is not None else []
     live = [p for p in processes if not p["stale"]]
     if not live and data["dispatchers"] is not None:
-        add("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
+        out.append(
+            _banner("error", "no-dispatcher", "No live dispatcher: nothing moves envelopes from the outbox to RQ.")
+        )
     coverage.mark(processes)
     for p in processes:
         if p["stale"]:
@@ -147,88 +165,114 @@ def banners(data: dict) -> list[dict]:
             # only while some loop it ran runs nowhere live (ops.coverage): amber, since "no live dispatcher"
             # above is the red one when nothing replaced it.
             if p["uncovered"]:
-                add(
-                    "warning",
-                    "stale-process",
-                    f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without "
-                    "notice?); "
-                    + (
-                        f"no live dispatcher runs: {', '.join(p['uncovered'])}."
-                        if live
-                        else "none is live to take over."
-                    ),
+                takeover = (
+                    f"no live dispatcher runs: {', '.join(p['uncovered'])}." if live else "none is live to take over."
+                )
+                out.append(
+                    _banner(
+                        "warning",
+                        "stale-process",
+                        f"Dispatcher {p['name']} is STALE: last seen {_ago(p['last_seen_age'])} (stopped without "
+                        f"notice?); {takeover}",
+                    )
                 )
             continue
         for loop in p["loops"]:
-            if loop["stale"]:
-                add(
-                    "error",
-                    "stale-loop",
-                    f"Loop {loop['loop']} of {p['name']} is STALE: last successful tick "
-                    f"{_ago(loop['last_tick_age'])}"
-                    + (f" (last error: {loop['last_error']})" if loop["last_error"] else "")
-                    + ".",
-                )
-            error = loop.get("last_error") or ""
-            if error.startswith(DISPATCH_PAUSED):
-                # The dispatch loop's breaker (Redis as a whole refuses sends): it ticks, but sends nothing.
-                add("error", "dispatch-paused", f"{p['name']}: {error}.")
-            elif loop["loop"] == RECOVERY_PROCESS and error and _newer(loop["last_error_age"], loop["last_tick_age"]):
-                add("error", "recovery-process", f"Recovery child process of {p['name']}: {error}.")
+            out.extend(_loop_banners(p["name"], loop))
+    return out
+
+
+def _loop_banners(process: str, loop: dict) -> list[dict]:
+    out: list[dict] = []
+    if loop["stale"]:
+        out.append(
+            _banner(
+                "error",
+                "stale-loop",
+                f"Loop {loop['loop']} of {process} is STALE: last successful tick {_ago(loop['last_tick_age'])}"
+                + (f" (last error: {loop['last_error']})" if loop["last_error"] else "")
+                + ".",
+            )
+        )
+    error = loop.get("last_error") or ""
+    if error.startswith(DISPATCH_PAUSED):
+        # The dispatch loop's breaker (Redis as a whole refuses sends): it ticks, but sends nothing.
+        out.append(_banner("error", "dispatch-paused", f"{process}: {error}."))
+    elif loop["loop"] == RECOVERY_PROCESS and error and _newer(loop["last_error_age"], loop["last_tick_age"]):
+        out.append(_banner("error", "recovery-process", f"Recovery child process of {process}: {error}."))
+    return out
+
+
+def _domain_banners(data: dict) -> list[dict]:
+    """Per domain: jobs waiting in RQ with no live worker; dead envelopes."""
+    out: list[dict] = []
     rq = data["rq"]
-    if rq["error"]:
-        add("error", "redis", f"Redis cannot be read: {rq['error']}.")
-    out.extend(outbox_alarm.banners(data.get("outbox_alarms") or {}, _dur))
     for domain, d in data["domains"].items():
         r = d.get("rq") or {}
         queued = d["backlog"].get("queued") or 0
         if (r.get("depth") or queued) and r.get("live_workers") == 0 and not rq["error"]:
-            add(
-                "error",
-                "no-worker",
-                f"{domain}: {r.get('depth', 0)} job(s) waiting in RQ queue {r.get('queue', domain)} "
-                f"({queued} queued in PostgreSQL) and no live worker listens on it"
-                + (f"; the oldest has waited {_dur(r.get('oldest_wait'))}" if r.get("oldest_wait") else "")
-                + ".",
-                f"stage=rq&domain__exact={domain}",
+            out.append(
+                _banner(
+                    "error",
+                    "no-worker",
+                    f"{domain}: {r.get('depth', 0)} job(s) waiting in RQ queue {r.get('queue', domain)} "
+                    f"({queued} queued in PostgreSQL) and no live worker listens on it"
+                    + (f"; the oldest has waited {_dur(r.get('oldest_wait'))}" if r.get("oldest_wait") else "")
+                    + ".",
+                    f"stage=rq&domain__exact={domain}",
+                )
             )
         dead = d["envelopes"]["dead"]
         if dead:
-            add(
-                "error",
-                "dead-envelopes",
-                f"{domain}{'' if d.get('registered', True) else ' (not a registered domain)'}: {dead} dead "
-                "envelope(s): their jobs will not be sent until re-armed.",
-                f"envelopes:status__exact=dead&domain__exact={domain}",
+            out.append(
+                _banner(
+                    "error",
+                    "dead-envelopes",
+                    f"{domain}{'' if d.get('registered', True) else ' (not a registered domain)'}: {dead} dead "
+                    "envelope(s): their jobs will not be sent until re-armed.",
+                    f"envelopes:status__exact=dead&domain__exact={domain}",
+                )
             )
-    out.extend(alarms.banners(data.get("failure_alarms") or {}))
-    out.extend(blockers.dead_worker_banners(data.get("running_workers") or [], rq))
-    out.extend(data.get("prefetched_by_dead") or [])
-    for w in rq["workers"]:
-        if w["failing_every_job"]:
-            add(
-                "error",
-                "failing-worker",
-                f"Worker {w['name']} on {w['hostname']} fails every job ({w['failed']} failed, {w['successful']} "
-                "succeeded; a misconfigured worker: serializer, import path?)"
-                + (f": {w['last_error']}" if w.get("last_error") else "")
-                + ".",
-            )
+    return out
+
+
+def _worker_banners(data: dict) -> list[dict]:
+    """A worker failing every job; jobs the workers refused (forged or foreign: rqworker.admission)."""
+    out = [
+        _banner(
+            "error",
+            "failing-worker",
+            f"Worker {w['name']} on {w['hostname']} fails every job ({w['failed']} failed, {w['successful']} "
+            "succeeded; a misconfigured worker: serializer, import path?)"
+            + (f": {w['last_error']}" if w.get("last_error") else "")
+            + ".",
+        )
+        for w in data["rq"]["workers"]
+        if w["failing_every_job"]
+    ]
     refused = data.get("refused") or {}
-    if refused.get("count"):  # forged or foreign jobs the workers would not run (rqworker.admission)
+    if refused.get("count"):
         last = refused["last_func"] or refused["last_kind"]
-        add("error", "refused-jobs", f"{refused['count']} jobs refused: not the project's work, last: {last}")
-    for domain, p in data["paused"].items():
-        add(
+        out.append(
+            _banner("error", "refused-jobs", f"{refused['count']} jobs refused: not the project's work, last: {last}")
+        )
+    return out
+
+
+def _paused_banners(data: dict) -> list[dict]:
+    alarms_by_domain = data.get("outbox_alarms") or {}
+    return [
+        _banner(
             "warning",
             "paused",
             f"{domain}: dispatch paused {_ago(p['age'])} by {p['paused_by']}"
             + (f" ({p['reason']})" if p["reason"] else "")
             + "; its envelopes stay pending"
-            + outbox_alarm.paused_note((data.get("outbox_alarms") or {}).get(domain), _dur)
+            + outbox_alarm.paused_note(alarms_by_domain.get(domain), _dur)
             + ".",
         )
-    return out
+        for domain, p in data["paused"].items()
+    ]
 
 
 def _newer(age, than) -> bool:

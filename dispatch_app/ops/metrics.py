@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import stats
-from dispatch_app.store.tables import ATTEMPT
+from dispatch_app.ops.operator_metrics import OperatorCollector
 from dispatch_app.worker.rqworker import admission
 
 log = logging.getLogger("dispatch_app.ops.metrics")
@@ -34,6 +34,21 @@ class DispatchMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, database: bool = True):
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._declare_drains(r)
+        self._declare_sends(r)
+        self._declare_waits(r)
+        self._pauses = 0
+        for trigger in TRIGGERS:
+            self.scans.labels(trigger)
+        self.collector = DatabaseCollector() if database else None
+        if self.collector is not None:
+            r.register(self.collector)
+            self.operator_collector = OperatorCollector()
+            r.register(self.operator_collector)
+            r.register(RefusedJobsCollector())
+
+    def _declare_drains(self, r: CollectorRegistry) -> None:
+        """What the drains moved and what woke them."""
         self.latency = Histogram(
             "productflow_dispatch_latency_seconds",
             "Outbox wait of each dispatched envelope: created (submitted) -> marked dispatched, database clock.",
@@ -58,6 +73,9 @@ class DispatchMetrics:
             "Drains woken only by NOTIFYs that named their envelopes, all sent and marked: no claim was made.",
             registry=r,
         )
+
+    def _declare_sends(self, r: CollectorRegistry) -> None:
+        """Sends to RQ (ahead of the claim or after it), the listener, the loops."""
         self.sent_ahead = Counter(
             "productflow_envelopes_sent_ahead",
             "Envelopes sent to RQ before their claim: a NOTIFY named them (dispatch.announced).",
@@ -78,6 +96,9 @@ class DispatchMetrics:
         )
         self.loop_errors = Counter("productflow_loop_errors", "Failed rounds per loop.", ["loop"], registry=r)
         self.loop_ticks = Counter("productflow_loop_ticks", "Successful rounds per loop.", ["loop"], registry=r)
+
+    def _declare_waits(self, r: CollectorRegistry) -> None:
+        """Waits for a connection and in the claim; the Redis breaker."""
         self.connection_wait = Histogram(
             "productflow_db_connection_wait_seconds",
             "Time the dispatch loop waited for a database connection, per drain.",
@@ -105,15 +126,6 @@ class DispatchMetrics:
             "Envelopes given back uncounted because Redis as a whole refused their send.",
             registry=r,
         )
-        self._pauses = 0
-        for trigger in TRIGGERS:
-            self.scans.labels(trigger)
-        self.collector = DatabaseCollector() if database else None
-        if self.collector is not None:
-            r.register(self.collector)
-            self.operator_collector = OperatorCollector()
-            r.register(self.operator_collector)
-            r.register(RefusedJobsCollector())
 
     def declare_loops(self, names) -> None:
         """Exported at 0 from the start, so a rate() over the first error is not lost."""
@@ -268,137 +280,3 @@ def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):
 
     log.info("metrics on http://%s:%s/metrics", host, server.server_address[1], extra={"action": "metrics_started"})
     return server, close
-
-
-# RQ-queue wait of one attempt (dispatched -> started): from sub-millisecond to a backlog of hours.
-RQ_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
-JOB_OUTCOMES = ("succeeded", "failed", "outcome_unknown", "cancelled")
-
-
-class OperatorCollector:
-    """Job outcomes and RQ-queue waits per attempt, the live RQ side, paused domains (issue 12).
-
-    Outcomes and waits are tailed from ``JobAttempt`` by ``finished_at`` (its index): each scrape counts the
-    attempts that ended since the previous one, up to ``LAG_SECONDS`` ago, so an attempt whose end commits a
-    moment after its ``clock_timestamp()`` is not skipped. The RQ-queue wait (``stages.seconds_sql("rq")``) is
-    observed when the attempt ends. Counting starts when this process starts.
-    """
-
-    LAG_SECONDS = 10.0
-
-    def __init__(self, lag_seconds: float = LAG_SECONDS):
-        self.lag = lag_seconds
-        self._lock = threading.Lock()
-        self._since = None  # database time up to which ended attempts are counted
-        self._outcomes = {(d, o): 0 for d in domain_keys() for o in JOB_OUTCOMES}
-        self._buckets: dict[str, list[int]] = {}  # domain -> count per bucket (+Inf last), not cumulative
-        self._sums: dict[str, float] = {}
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT clock_timestamp() - make_interval(secs => %s)", [self.lag])
-                self._since = cursor.fetchone()[0]
-        finally:
-            if not connection.in_atomic_block:
-                connection.close()
-
-    def _tail(self, cursor) -> None:
-        from dispatch_app import stages
-
-        cursor.execute(
-            f"""
-            WITH t AS (SELECT clock_timestamp() - make_interval(secs => %(lag)s) AS upto),
-            a AS (
-                SELECT a.domain, a.outcome, {stages.seconds_sql("rq")} AS wait, t.upto
-                FROM {ATTEMPT} a CROSS JOIN t
-                WHERE a.finished_at > %(since)s AND a.finished_at <= t.upto
-            )
-            SELECT (SELECT upto FROM t), a.domain, a.outcome, width_bucket(a.wait, %(bounds)s::float8[]),
-                   count(*), sum(a.wait)
-            FROM a GROUP BY a.domain, a.outcome, width_bucket(a.wait, %(bounds)s::float8[])
-            """,
-            {"lag": self.lag, "since": self._since, "bounds": [float(b) for b in RQ_WAIT_BUCKETS]},
-        )
-        rows = cursor.fetchall()
-        if not rows:
-            cursor.execute("SELECT clock_timestamp() - make_interval(secs => %s)", [self.lag])
-            self._since = max(self._since, cursor.fetchone()[0])
-            return
-        for upto, domain, outcome, bucket, count, wait_sum in rows:
-            self._since = max(self._since, upto)
-            if outcome in JOB_OUTCOMES:
-                self._outcomes[(domain, outcome)] = self._outcomes.get((domain, outcome), 0) + count
-            if bucket is not None:  # NULL: the attempt never started, no RQ-queue wait to observe
-                counts = self._buckets.setdefault(domain, [0] * (len(RQ_WAIT_BUCKETS) + 1))
-                # width_bucket: 0 below the first bound, i for bounds[i-1] <= wait < bounds[i], n above the last.
-                counts[min(bucket, len(RQ_WAIT_BUCKETS))] += count
-                self._sums[domain] = self._sums.get(domain, 0.0) + float(wait_sum or 0.0)
-
-    def collect(self):
-        from prometheus_client.core import HistogramMetricFamily
-
-        from dispatch_app.ops import actions, rqside
-
-        families = []
-        try:
-            with self._lock, connection.cursor() as cursor:
-                if self._since is not None:
-                    self._tail(cursor)
-                paused = actions.paused_domains(cursor)
-                rq = rqside.snapshot()
-        except Exception:
-            log.exception(
-                "metrics scrape could not read job attempts or the RQ side",
-                extra={"action": "metrics_operator_error", "domain": "ops"},
-            )
-            return
-        finally:
-            if not connection.in_atomic_block:
-                connection.close()
-        outcomes = CounterMetricFamily(
-            "productflow_job_outcomes",
-            "Jobs that ended, by domain and outcome (the attempt that ended the job), counted since this process "
-            "started; from JobAttempt, trailing the database clock by 10 s.",
-            labels=["domain", "outcome"],
-        )
-        for (domain, outcome), count in sorted(self._outcomes.items()):
-            outcomes.add_metric([domain, outcome], count)
-        waits = HistogramMetricFamily(
-            "productflow_rq_queue_wait_seconds",
-            "RQ-queue wait of each attempt (dispatched -> started, dispatch_app.stages), observed when it ends.",
-            labels=["domain"],
-        )
-        for domain in sorted({*domain_keys(), *self._buckets}):
-            counts = self._buckets.get(domain, [0] * (len(RQ_WAIT_BUCKETS) + 1))
-            cumulative, running = [], 0
-            for bound, count in zip((*RQ_WAIT_BUCKETS, float("inf")), counts, strict=True):
-                running += count
-                cumulative.append(("+Inf" if bound == float("inf") else str(float(bound)), running))
-            waits.add_metric([domain], cumulative, sum_value=self._sums.get(domain, 0.0))
-        pause = GaugeMetricFamily(
-            "productflow_domain_paused", "1 while an operator has paused dispatch of the domain.", labels=["domain"]
-        )
-        for domain in domain_keys():
-            pause.add_metric([domain], 1 if domain in paused else 0)
-        families += [outcomes, waits, pause]
-        up = GaugeMetricFamily("productflow_rq_up", "1 if the last scrape could read the RQ side from Redis.")
-        up.add_metric([], 0 if rq["error"] else 1)
-        families.append(up)
-        if not rq["error"]:
-            # One series per lane (dispatch_app.lanes): ``queue`` is the lane's RQ queue, ``lane`` its name.
-            labels = ["queue", "lane"]
-            depth = GaugeMetricFamily("productflow_rq_queue_depth", "Jobs waiting in the RQ queue.", labels=labels)
-            live = GaugeMetricFamily(
-                "productflow_rq_live_workers", "Live RQ workers listening on the queue.", labels=labels
-            )
-            oldest = GaugeMetricFamily(
-                "productflow_rq_oldest_job_age_seconds",
-                "Seconds since the job at the head of the RQ queue was dispatched (database clock); 0 if empty.",
-                labels=labels,
-            )
-            for _, q in sorted(rq["queues"].items()):
-                for lane, seen in q["lanes"].items():
-                    depth.add_metric([seen["queue"], lane], seen["depth"])
-                    live.add_metric([seen["queue"], lane], seen["live_workers"])
-                    oldest.add_metric([seen["queue"], lane], seen["oldest_wait"] or 0.0)
-            families += [depth, live, oldest]
-        yield from families

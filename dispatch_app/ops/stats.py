@@ -12,7 +12,7 @@ Definitions (docs/operations.md repeats them for operators):
 - oldest recovery-candidate age: the longest time an unfinished job of the
   domain has spent in its current stage (running: since its attempt started;
   queued: since its attempt was dispatched; submitted: since its attempt was
-  due), dispatch_app.stages.STAGE_START_SQL. Not updated_at: recovery touches
+  due), dispatch_app.stage_sql.STAGE_START_SQL. Not updated_at: recovery touches
   updated_at when it leaves a job alone, which would reset the age.
 - oldest pending envelope age: now - created_at of the oldest pending envelope,
   not counting envelopes deliberately scheduled for later and never tried
@@ -29,7 +29,7 @@ Definitions (docs/operations.md repeats them for operators):
 
 from __future__ import annotations
 
-from dispatch_app import liveness, stages
+from dispatch_app import liveness, stage_sql
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops import sections
@@ -44,7 +44,7 @@ PERCENTILES = (0.5, 0.95, 0.99)
 EFFECTIVE_KINDS = ("redispatched", "unknown", "failed")
 DECISION_KINDS = ("redispatched", "left_alone", "unknown", "failed", "skipped", "errors")
 RATE_WINDOW_MINUTES = 60
-# stages.WINDOW_STAGES -> the snapshot's keys (kept from before per-attempt stages, for the dashboard and --json).
+# stage_sql.WINDOW_STAGES -> the snapshot's keys (kept from before per-attempt stages, for the dashboard and --json).
 LATENCY_KEYS = {"outbox": "submitted_to_dispatched", "rq": "dispatched_to_started", "backoff": "backoff"}
 
 
@@ -58,7 +58,7 @@ def job_summary(cursor) -> dict[str, dict]:
         f"""
         WITH t AS (SELECT clock_timestamp() AS now)
         SELECT j.domain, j.status, count(*),
-               GREATEST(extract(epoch FROM t.now - min({stages.STAGE_START_SQL})), 0)
+               GREATEST(extract(epoch FROM t.now - min({stage_sql.STAGE_START_SQL})), 0)
         FROM {JOB} j CROSS JOIN t
         LEFT JOIN {ATTEMPT} a ON a.job_id = j.id AND a.attempt = j.attempt
         LEFT JOIN {ENVELOPE} e ON e.job_id = j.id AND e.attempt = j.attempt
@@ -160,7 +160,7 @@ def latency_summary(cursor, windows=WINDOWS_MINUTES, domains=()) -> dict[str, di
         }
 
     out: dict[str, dict] = {}
-    for minutes, domain, stage, count, values in stages.percentiles(cursor, windows, PERCENTILES):
+    for minutes, domain, stage, count, values in stage_sql.percentiles(cursor, windows, PERCENTILES):
         window = out.setdefault(domain or "all", {}).setdefault(f"{minutes}m", {})
         window[LATENCY_KEYS[stage]] = pcts(count, values)
     for domain in ("all", *domain_keys(), *domains, *out):
@@ -173,7 +173,7 @@ def latency_summary(cursor, windows=WINDOWS_MINUTES, domains=()) -> dict[str, di
 
 def throughput(cursor, minutes: int = 60) -> list[dict]:
     """Attempts dispatched per minute and their p95 outbox wait (backoff excluded), oldest minute first (the chart)."""
-    by_minute = stages.per_minute(cursor, minutes)
+    by_minute = stage_sql.per_minute(cursor, minutes)
     series = []
     for ago in range(minutes - 1, -1, -1):
         count, p95 = by_minute.get(ago, (0, None))

@@ -104,29 +104,9 @@ def build(job_id: int) -> Timeline:
     entries: list[Entry] = []
     views: list[AttemptView] = []
     for attempt in attempts:
-        n = attempt.attempt
-        env = by_attempt.get(n)
+        env = by_attempt.get(attempt.attempt)
         entries += _attempt_entries(attempt, env, now)
-        error_class, message, trace = attempt.error_parts()
-        replaced = (
-            next((e for e in events if e.attempt == n and (e.data or {}).get("next_attempt") == n + 1), None)
-            if attempt.outcome == "superseded"
-            else None
-        )
-        views.append(
-            AttemptView(
-                attempt=attempt,
-                stages=[(s, format_duration(s.duration)) for s in attempt.stages(now)],
-                envelope=env,
-                error_class=error_class,
-                error_message=message,
-                traceback=trace,
-                ended_by=f"{replaced.kind}: {replaced.reason}" if replaced else "",
-                current=n == job.attempt,
-            )
-        )
-        paused = _paused_in_outbox(attempt, intervals, now)
-        views[-1].paused, views[-1].paused_text = paused, format_duration(paused) if paused else ""
+        views.append(_attempt_view(job, attempt, env, events, intervals, now))
     for event in events:
         entries.append(
             Entry(event.at, "event", event.kind, detail=_data(event.data), reason=event.reason, attempt=event.attempt)
@@ -156,6 +136,30 @@ def build(job_id: int) -> Timeline:
         events=events,
         attempts=list(reversed(views)),
     )
+
+
+def _attempt_view(job: Job, attempt: st.Attempt, env, events: list, intervals, now: datetime) -> AttemptView:
+    """One attempt's panel: its stages, its envelope, its error, what ended it, the outbox wait a pause took."""
+    n = attempt.attempt
+    error_class, message, trace = attempt.error_parts()
+    replaced = (
+        next((e for e in events if e.attempt == n and (e.data or {}).get("next_attempt") == n + 1), None)
+        if attempt.outcome == "superseded"
+        else None
+    )
+    view = AttemptView(
+        attempt=attempt,
+        stages=[(s, format_duration(s.duration)) for s in attempt.stages(now)],
+        envelope=env,
+        error_class=error_class,
+        error_message=message,
+        traceback=trace,
+        ended_by=f"{replaced.kind}: {replaced.reason}" if replaced else "",
+        current=n == job.attempt,
+    )
+    paused = _paused_in_outbox(attempt, intervals, now)
+    view.paused, view.paused_text = paused, format_duration(paused) if paused else ""
+    return view
 
 
 def _attempt_entries(attempt: st.Attempt, env: DispatchEnvelope | None, now: datetime) -> list[Entry]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from dispatch_app import prepared, stages, tracing
+from dispatch_app import prepared, stage_sql, tracing
 from dispatch_app.store import transitions
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
@@ -177,7 +177,7 @@ WITH marked AS ({marked}
 ), waits AS (
     -- The outbox wait starts when the envelope is due: a delayed submit or a retry backoff is its own stage
     -- (dispatch_app.stages defines it), kept by the attempt history only for envelopes created with a delay.
-    SELECT {stages.seconds_sql("outbox", "s")} AS latency
+    SELECT {stage_sql.seconds_sql("outbox", "s")} AS latency
     FROM (
         SELECT m.created_at, a.due_at, m.dispatched_at, NULL::timestamptz AS started_at,
                NULL::timestamptz AS finished_at

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from django.contrib.auth.models import User
 
+from dispatch_app import stage_sql
 from dispatch_app.models import DispatcherProcess, JobEvent
 from dispatch_app.ops import actions
 from tests.integration.opsdata import ago, attempt_row, envelope, job, sql
@@ -193,7 +194,6 @@ def test_the_envelope_list_reads_future_times_as_in_n_s_and_a_dispatched_one_as_
 def test_paused_time_is_not_outbox_latency_in_the_percentiles_and_charts():
     from django.db import connection
 
-    from dispatch_app import stages
     from dispatch_app.models import DomainPauseEvent
 
     # Due 100 s before its dispatch; its domain was paused for 80 s of that (from 110 s to 30 s ago).
@@ -206,8 +206,8 @@ def test_paused_time_is_not_outbox_latency_in_the_percentiles_and_charts():
     sql(f"UPDATE dispatch_app_domainpauseevent SET at = {ago(110)} WHERE id = %s", [pause.pk])
     sql(f"UPDATE dispatch_app_domainpauseevent SET at = {ago(30)} WHERE id = %s", [resume.pk])
     with connection.cursor() as cursor:
-        rows = {(m, d, s): p for m, d, s, n, p in stages.percentiles(cursor, windows=(5,), qs=(0.5,))}
-        charts = stages.per_minute_by_domain(cursor, 5)
+        rows = {(m, d, s): p for m, d, s, n, p in stage_sql.percentiles(cursor, windows=(5,), qs=(0.5,))}
+        charts = stage_sql.per_minute_by_domain(cursor, 5)
     assert rows[(5, "agent", "outbox")][0] == pytest.approx(20, abs=0.5)  # 100 s minus 80 s paused
     assert rows[(5, "delivery", "outbox")][0] == pytest.approx(100, abs=0.5)
     assert charts[("agent", 0)][1] == pytest.approx(20, abs=0.5)

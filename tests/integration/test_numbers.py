@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from dispatch_app import stages
+from dispatch_app import stage_sql, stages
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dbtime import db_now
 from dispatch_app.management.commands.dispatchstats import queue_usage, render
@@ -146,7 +146,7 @@ def test_attempts_waiting_in_rq_count_as_dispatched_though_the_mark_writes_no_hi
     assert not JobAttempt.objects.filter(job__in=jobs).exists()
     with connection.cursor() as cursor:
         latency = stats.latency_summary(cursor)["delivery"]["5m"]
-        minutes = stages.per_minute_by_domain(cursor, 60)
+        minutes = stage_sql.per_minute_by_domain(cursor, 60)
         summary = stats.job_summary(cursor)["delivery"]
     assert latency["submitted_to_dispatched"]["count"] == 3 and latency["dispatched_to_started"]["count"] == 0
     assert minutes[("delivery", 0)][0] == 3 and minutes[("delivery", 0)][2] is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from dispatch_app import stages
+from dispatch_app import stage_sql, stages
 from dispatch_app.dbtime import db_now
 from dispatch_app.models import JobAttempt
 from tests.integration.opsdata import attempt_row, job
@@ -33,7 +33,7 @@ CASES = {
 def test_python_and_sql_agree_on_every_completed_stage():
     for name, (instants, outcome) in CASES.items():
         attempt_row(job("delivery", "succeeded"), 1, outcome=outcome, with_envelope=False, **instants)
-    columns = ", ".join(f"{stages.seconds_sql(s)} AS {s}" for s in stages.STAGES)
+    columns = ", ".join(f"{stage_sql.seconds_sql(s)} AS {s}" for s in stages.STAGES)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT a.id, {columns} FROM dispatch_app_jobattempt a ORDER BY a.id")
         in_sql = {row[0]: dict(zip(stages.STAGES, row[1:], strict=True)) for row in cursor.fetchall()}

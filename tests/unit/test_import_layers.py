@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.store",
             "dispatch_app.store.*",
             "dispatch_app.stages",
+            "dispatch_app.stage_sql",
             "dispatch_app.latency",
             "dispatch_app.tracing",
             "dispatch_app.outbox",

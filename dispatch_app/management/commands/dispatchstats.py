@@ -103,6 +103,36 @@ def known(value) -> str:
     return "-" if value is None else str(value)
 
 
+def latency_section(snap: dict) -> list[str]:
+    lines = ["", "dispatch latency per attempt p50/p95/p99 (n); outbox = due -> dispatched, backoff apart"]
+    stages = (("submitted_to_dispatched", "outbox"), ("dispatched_to_started", "RQ queue"), ("backoff", "backoff"))
+    rows = [["domain", *(f"{name} {window}" for _, name in stages for window in ("5m", "60m"))]]
+    for domain in ("all", *snap["domains"]):
+        lat = snap["totals"]["latency"] if domain == "all" else snap["domains"][domain]["latency"]
+        cells = []
+        for key, _ in stages:
+            for window in ("5m", "60m"):
+                value = (lat.get(window) or {}).get(key) or {"count": 0}
+                cells.append(f"{_pcts(value)} ({value['count']})")
+        rows.append([domain, *cells])
+    return lines + table(rows)
+
+
+def dispatchers_section(snap: dict) -> list[str]:
+    lines = ["", "dispatchers"]
+    if snap["dispatchers"] is None:  # a section PostgreSQL did not answer in time (named under alarms)
+        lines.append("  unreadable")
+    elif not snap["dispatchers"]:
+        lines.append("  none running")
+    for p in snap["dispatchers"] or ():
+        stale = "  STALE" if p["stale"] else ""
+        lines.append(f"  {p['name']}  up {fmt(p['uptime'])}  seen {fmt(p['last_seen_age'])} ago{stale}")
+        for loop in p["loops"]:
+            flag = "  STALE" if loop["stale"] else ""
+            lines.append(f"    {loop['loop']:<24} tick {fmt(loop['last_tick_age'])} ago  errors {loop['errors']}{flag}")
+    return lines
+
+
 def render(snap: dict) -> str:
     lines = [
         f"database clock {snap['generated_at']}  NOTIFY queue usage {queue_usage(snap['notification_queue_usage'])}",
@@ -134,18 +164,7 @@ def render(snap: dict) -> str:
         ]
     )
     lines += table(rows)
-    lines += ["", "dispatch latency per attempt p50/p95/p99 (n); outbox = due -> dispatched, backoff apart"]
-    stages = (("submitted_to_dispatched", "outbox"), ("dispatched_to_started", "RQ queue"), ("backoff", "backoff"))
-    rows = [["domain", *(f"{name} {window}" for _, name in stages for window in ("5m", "60m"))]]
-    for domain in ("all", *snap["domains"]):
-        lat = snap["totals"]["latency"] if domain == "all" else snap["domains"][domain]["latency"]
-        cells = []
-        for key, _ in stages:
-            for window in ("5m", "60m"):
-                value = (lat.get(window) or {}).get(key) or {"count": 0}
-                cells.append(f"{_pcts(value)} ({value['count']})")
-        rows.append([domain, *cells])
-    lines += table(rows)
+    lines += latency_section(snap)
     lines += ["", "last recovery rounds"]
     for domain, d in snap["domains"].items():
         for r in d["recovery"]["rounds"]:
@@ -154,17 +173,7 @@ def render(snap: dict) -> str:
                 f"has_more {'yes' if r['has_more'] else 'no'}" + (f"  error {r['error']}" if r["error"] else "")
             )
     lines += rq_side(snap)
-    lines += ["", "dispatchers"]
-    if snap["dispatchers"] is None:  # a section PostgreSQL did not answer in time (named under alarms)
-        lines.append("  unreadable")
-    elif not snap["dispatchers"]:
-        lines.append("  none running")
-    for p in snap["dispatchers"] or ():
-        stale = "  STALE" if p["stale"] else ""
-        lines.append(f"  {p['name']}  up {fmt(p['uptime'])}  seen {fmt(p['last_seen_age'])} ago{stale}")
-        for loop in p["loops"]:
-            flag = "  STALE" if loop["stale"] else ""
-            lines.append(f"    {loop['loop']:<24} tick {fmt(loop['last_tick_age'])} ago  errors {loop['errors']}{flag}")
+    lines += dispatchers_section(snap)
     return "\n".join(lines)
 
 
