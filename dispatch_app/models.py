@@ -12,6 +12,7 @@ from django.db.models import Q
 from dispatch_app.conf import ANNOUNCE_PREFIX, NOTIFY_CHANNEL
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.store import history_triggers
+from dispatch_app.tuning import ANNOUNCE_MAX_ROWS
 
 
 class JobStatus(models.TextChoices):
@@ -108,8 +109,8 @@ _ANNOUNCE_IF_NEEDED = (
 # dispatcher sends them to RQ at once and claims them after (dispatch.announced),
 # so the claim's round trip is off the job's path. Only envelopes claimable now and
 # of a domain not paused; the rest (delayed, paused, a big insert) are announced by
-# domain as before: "worth a scan". Either way the table stays the record.
-ANNOUNCE_MAX_ROWS = 8
+# domain as before: "worth a scan" (a small insert: up to tuning.ANNOUNCE_MAX_ROWS rows). Either way the
+# table stays the record.
 _NOTIFY_INSERTED = (
     _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', x.payload) FROM ("
     " WITH pending AS (SELECT id, job_id, attempt, domain, queue,"

@@ -29,13 +29,11 @@ from dispatch_app.dispatch.breaker import CLOSED, outage_reason
 from dispatch_app.dispatch.publisher import PermanentSendError
 from dispatch_app.store import claim
 from dispatch_app.store.claim import Claimed
+from dispatch_app.tuning import MAX_REMEMBERED_CLAIMS
 
 log = logging.getLogger("dispatch_app.dispatch")
 
 PREFIX = ANNOUNCE_PREFIX
-# Bounds the memory of the loop's recent claims: forgetting one costs at most one duplicate send (RQ's
-# create-if-absent leaves the job alone), never a lost or second run.
-MAX_REMEMBERED_CLAIMS = 8192
 
 
 class BadAnnouncement(ValueError):

@@ -52,6 +52,7 @@ import uuid
 from django.db import DatabaseError, connection
 
 from dispatch_app.runtime.wake import HANDOVER, POLL
+from dispatch_app.tuning import DISARM_AT_CLAIMED, POLL_LINGER, QUIET_SCANS_TO_ARM
 
 log = logging.getLogger("dispatch_app.arming")
 
@@ -101,17 +102,6 @@ STILL_RUNNING_SQL = (
 # long transaction costs a few queries a second.
 _FIRST_CHECK = 0.0005
 _MAX_CHECK = 0.05
-# Disarmed and busy: the pause before the next scan, and how many quiet scans in a row (none
-# found more than REARM_AT_CLAIMED first attempts) mean idle or a trickle (write-concurrency,
-# docs/benchmarks.md).
-POLL_LINGER = 0.005
-QUIET_SCANS_TO_ARM = 2
-# An armed drain that claimed this many first attempts disarms. Measured (lead's A/B, 200 jobs/s, one
-# dispatcher): disarming on any second envelope or a wake during the drain flapped into polling and
-# raised the outbox p50 from ~8-10 ms to 14-23 ms; at 16+ writers (thousands/s) drains find more.
-# Re-dispatches do not count: recovery's rounds commit in bursts, and the writers' notify lock is
-# what disarming saves; a storm must not turn the dispatcher deaf to new work.
-DISARM_AT_CLAIMED = 4
 # A disarmed scan that found fewer first attempts than would disarm an armed drain is quiet: a trickle,
 # which an announced drain serves at once instead of after POLL_LINGER. (A poll's count covers the linger
 # as well as the drain, so the same count means a lower rate than in an armed drain.) Counting only empty

@@ -35,11 +35,9 @@ from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.dispatch.sends import MIN_PROBE_BACKOFF, BatchRecord, Halt, chunks, sort_outcomes
 from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
 from dispatch_app.store import claim
+from dispatch_app.tuning import MAX_REMEMBERED_GIVE_BACKS
 
 log = logging.getLogger("dispatch_app.dispatch")
-
-# Bounds the memory of given-back envelope ids (beyond it, a long outage's backlog may count as missed wake-ups).
-MAX_REMEMBERED_GIVE_BACKS = 100_000
 
 
 def check_send_lease(conf: DispatchSettings, publisher: Publisher | None = None) -> float:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from dispatch_app import redis_servers
 from dispatch_app.dispatch.breaker import OPEN, outage_reason
 from dispatch_app.store.claim import Claimed
+from dispatch_app.tuning import MIN_PROBE_BACKOFF
 
 log = logging.getLogger("dispatch_app.dispatch")
 
-# The first pause probes after this long even when SEND_BACKOFF_BASE is 0 (no busy probing).
-MIN_PROBE_BACKOFF = 0.1
 
 NOT_SENT = object()  # a chunk's value when its server refused an earlier chunk of the batch
 

@@ -40,15 +40,13 @@ from django.db import connection
 from dispatch_app import lanes, liveness, redis_servers, rq_internals
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
+from dispatch_app.tuning import REDIS_TIMEOUT, SILENT_PERIODS
 from dispatch_app.worker.rqworker import health
 from dispatch_app.worker.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
 log = logging.getLogger("dispatch_app.ops.rqside")
 
-REDIS_TIMEOUT = 2.0
 WORKER_PREFIX = rq_internals.worker_key_prefix()
-# A PipelineWorker silent for this many of its heartbeat periods is not alive (one late beat is not death).
-SILENT_PERIODS = 2.5
 
 
 @cache

@@ -38,19 +38,10 @@ from dataclasses import dataclass
 
 from django.db import Error, connection
 
+from dispatch_app.tuning import BASELINE_DRIFT, GROWTH_PER_SECOND, MIN_SAMPLES, QUANTILE, SAMPLE_SECONDS
+
 log = logging.getLogger("dispatch_app.recovery")
 
-QUANTILE = 0.9
-# Fewer first attempts than this in the window say nothing about headroom: the workers have it.
-MIN_SAMPLES = 20
-# A look serves every loop of the process this long.
-SAMPLE_SECONDS = 1.0
-# The baseline rises this much per look, so a lasting heavier load stops reading as congestion.
-BASELINE_DRIFT = 0.01
-# Without congestion the share grows back by this much of the cap per second (floor to whole in ~18 s),
-# whatever the loop's period: a round per second must not ramp back faster than the window can show
-# what the last increase did, and a round per 30 s is back at its cap at once.
-GROWTH_PER_SECOND = 0.05
 
 # First attempts whose envelope was marked dispatched within the window (index envelope_status_dispatched),
 # with their job's start: the attempts table has no row for a job still waiting, the job row has. Its due

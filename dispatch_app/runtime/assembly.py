@@ -6,9 +6,7 @@ from dispatch_app.conf import DispatchSettings
 from dispatch_app.domains import domain_keys
 from dispatch_app.ops.wiring import Ops
 from dispatch_app.runtime.supervisor import Supervisor
-
-# How much nicer than the dispatcher the recovery child runs (rundispatcher --recovery-nice).
-DEFAULT_NICE = 10
+from dispatch_app.tuning import DEFAULT_NICE
 
 
 def build(conf: DispatchSettings, options: dict) -> Supervisor:

@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# At most one "still failing" line per incident this often (s).
-SUMMARY_EVERY = 30.0
+from dispatch_app.tuning import SUMMARY_EVERY
 
 _NUMBERS = re.compile(r"\d+")
 

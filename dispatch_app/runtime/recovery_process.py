@@ -33,13 +33,11 @@ from urllib.parse import urlsplit, urlunsplit
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.runtime.runner import LoopRunner
 from dispatch_app.runtime.wake import STOP, TICK
+from dispatch_app.tuning import CHILD_DEADLINE_SHARE
 
 log = logging.getLogger("dispatch_app.runtime.recovery_process")
 
 NAME = "recovery-process"
-# The child gets this share of the deadline for its own clean stop, so it can report
-# its hung loops and exit before the parent has to kill it.
-CHILD_DEADLINE_SHARE = 0.8
 
 
 class ChildExited(Exception):

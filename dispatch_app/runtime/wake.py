@@ -17,6 +17,8 @@ import threading
 import time
 from collections import deque
 
+from dispatch_app.tuning import ANNOUNCED_MAX
+
 NOTIFY = "notify"
 TICK = "tick"
 CATCH_UP = "catch_up"
@@ -29,8 +31,6 @@ POLL = "poll"
 # A scan at the time the last claim said the next pending envelope falls due (a delayed
 # submit, a backoff, a lease that ran out): time passing announces nothing.
 DUE = "due"
-
-ANNOUNCED_MAX = 1000
 
 
 class Wake:

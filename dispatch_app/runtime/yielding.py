@@ -22,11 +22,10 @@ from collections.abc import Callable
 
 from django.db import Error, connection
 
+from dispatch_app.tuning import BACKLOG_GRACE, CHECK_INTERVAL
+
 log = logging.getLogger("dispatch_app.runtime")
 
-# An envelope due for longer than this is a backlog: the dispatcher serves a new one in a few ms.
-BACKLOG_GRACE = 0.02
-CHECK_INTERVAL = 0.025
 
 # One look per claim index (first attempts, later ones: dispatch_app.store.claim). The clock is read
 # once per half (a sub-select): compared with the bare volatile clock_timestamp(), available_at would be a

@@ -18,6 +18,7 @@ from django.db import connection
 from dispatch_app import prepared, stage_sql, tracing
 from dispatch_app.store import transitions
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
+from dispatch_app.tuning import AGAIN_PER_CLAIM
 
 PAUSE = "dispatch_app_domainpause"
 
@@ -87,10 +88,7 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 # is one more read of each index, stopping at the first row past the clock
 # bound, in the statement's snapshot (so not this claim's own leases). The
 # claimed rows are LEFT JOINed to that one row: an empty claim still returns it.
-# Later attempts per claim: a drain of this many sends is short (one Redis pipeline chunk), and a drain that
-# took this many is followed at once by another, which again takes new work first.
-AGAIN_PER_CLAIM = 5
-
+# Later attempts per claim: AGAIN_PER_CLAIM (dispatch_app.tuning).
 CLAIM_SQL = f"""
 WITH first AS (
     SELECT id FROM {ENVELOPE}

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "leaves: values, settings and process primitives",
         (
             "dispatch_app.values",
+            "dispatch_app.tuning",
             "dispatch_app.conf",
             "dispatch_app.settings_rules",
             "dispatch_app.dbtime",

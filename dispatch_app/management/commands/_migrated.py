@@ -20,9 +20,10 @@ from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from dispatch_app.tuning import STARTUP_DB_WAIT
+
 log = logging.getLogger("dispatch_app.startup")
 
-STARTUP_DB_WAIT = 30.0
 RETRY_FIRST, RETRY_MAX = 0.1, 2.0
 # libpq reports connection-time refusals as text only (no SQLSTATE): these need a change of settings.
 PERMANENT = ("does not exist", "authentication failed", "no pg_hba.conf entry", "password")

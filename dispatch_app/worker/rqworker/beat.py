@@ -23,14 +23,11 @@ import redis
 from rq.utils import now, utcformat
 
 from dispatch_app import liveness
+from dispatch_app.tuning import MIN_TTL_SECONDS, TTL_PERIODS
 
 log = logging.getLogger("dispatch_app.rqworker")
 
 SESSION_FIELD = liveness.WORKER_HASH_FIELD
-
-# Periods of silence after which the hash expires (the worker counts as dead).
-TTL_PERIODS = 6
-MIN_TTL_SECONDS = 3
 
 
 def ttl_seconds(interval: float) -> int:

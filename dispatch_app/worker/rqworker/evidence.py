@@ -13,11 +13,11 @@ import logging
 from rq.exceptions import DeserializationError
 from rq.utils import now
 
+from dispatch_app.tuning import RECENT_OUTCOMES
 from dispatch_app.worker.rqworker.fetch import Taken
 
 log = logging.getLogger("dispatch_app.rqworker")
 
-RECENT_OUTCOMES = 20
 RECENT_FIELD = "pf_recent"
 UNDESERIALIZABLE_FIELD = "pf_undeserializable"
 LAST_ERROR_FIELD = "pf_last_error"

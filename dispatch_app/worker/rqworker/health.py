@@ -21,10 +21,8 @@ from rq.utils import parse_composite_key, utcparse
 from rq.worker import Worker
 
 from dispatch_app import liveness
+from dispatch_app.tuning import FAILING_STREAK
 from dispatch_app.worker.rqworker.evidence import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
-
-# This many failed jobs in a row, and none succeeded since, is "fails every job".
-FAILING_STREAK = 5
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,10 @@ from dispatch_app import redis_servers
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import lane_queue_names, queue_names
 from dispatch_app.runtime.gcfreeze import freeze_startup
+from dispatch_app.tuning import PROCESSES_PER_CORE
 from dispatch_app.worker.rqworker.worker import PipelineWorker
 
 log = logging.getLogger("dispatch_app.rqworker")
-
-
-# A worker spends most of a job waiting for round trips (PostgreSQL, Redis, the vendor): a profile of
-# `make demo` at 400 jobs/s had each of the two default workers on the CPU ~20% of its time, the rest
-# mostly in psycopg's wait, and the pipeline using 0.7 of the 2 cores while jobs queued. One process per
-# core leaves the cores idle during those waits; two per core overlap them (docs/benchmarks.md).
-PROCESSES_PER_CORE = 2
 
 
 def default_processes() -> int:

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from rq.executions import Execution
 from rq.utils import utcformat
 
+from dispatch_app.tuning import RECORD_TRIES
 from dispatch_app.worker.rqworker.fast_paths import _RQ_LAYOUT, utcparse
 
 EPOCH_SECONDS = 10**9  # integers from here on are epoch seconds (2001-09-09 onwards)
-# Recordings that straddle a second boundary are taken again (epoch-second offsets would be off by one).
-RECORD_TRIES = 5
 
 JOB, EXECUTION, FLOAT_NOW, INT_NOW, ISO_NOW = "job", "execution", "float", "int", "iso"
 

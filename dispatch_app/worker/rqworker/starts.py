@@ -14,13 +14,11 @@ from rq.executions import Execution
 from rq.worker import WorkerStatus
 
 from dispatch_app import rq_internals
+from dispatch_app.tuning import MAX_START_TEMPLATES
 from dispatch_app.worker.rqworker.fetch import Start, mark_started
 from dispatch_app.worker.rqworker.start_template import StartTemplate
 
 log = logging.getLogger("dispatch_app.rqworker")
-
-# Start-write templates kept per worker ((queue, timeout, busy) each; start_template).
-MAX_START_TEMPLATES = 64
 
 
 class StartsMixin:

@@ -43,6 +43,13 @@ from rq.worker_registration import register
 
 from dispatch_app import rq_internals
 from dispatch_app.conf import dispatch_settings
+from dispatch_app.tuning import (
+    HOLD_SECONDS,
+    IDLE_WAIT_SECONDS,
+    JOB_SECONDS_WEIGHT,
+    PREFETCH_WAIT_BUDGET,
+    RESCUE_SECONDS,
+)
 from dispatch_app.worker import start_protocol as prestart
 from dispatch_app.worker.rqworker import admission, fast_paths
 from dispatch_app.worker.rqworker.beat import Heartbeat, start_beacon
@@ -55,21 +62,6 @@ from dispatch_app.worker.rqworker.starts import StartsMixin
 from dispatch_app.worker.rqworker.writes import WritesMixin
 
 log = logging.getLogger("dispatch_app.rqworker")
-
-# A taken job waits in this worker's hand while the batch-mates before it run, even when another
-# worker is idle. So a take is sized for that wait to stay within this budget at the recent job
-# duration: a backlog of 1 ms jobs still goes 6 per round trip, while a burst of ~3 ms jobs (a
-# dispatcher batch lands on a queue at once) is spread over the idle workers instead of one worker
-# taking all 8 and the last waiting ~20 ms. Jobs slower than the budget go one per round trip.
-PREFETCH_WAIT_BUDGET = 0.005
-# Recent job duration: an exponentially weighted average over roughly the last 1 / weight jobs.
-JOB_SECONDS_WEIGHT = 0.2
-# A taken job not started within this long goes back to its queue: RQ's maintenance
-# fails jobs left in the intermediate list for over a minute.
-HOLD_SECONDS = 20.0
-IDLE_WAIT_SECONDS = 1.0
-# How often a worker looks for jobs a dead worker took and never started (one script call).
-RESCUE_SECONDS = 30.0
 
 
 class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
