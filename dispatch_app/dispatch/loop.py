@@ -24,15 +24,16 @@ from concurrent.futures import Future
 
 from django.db import connection
 
-from dispatch_app import failpoints, redis_servers
+from dispatch_app import failpoints
 from dispatch_app.conf import DispatchSettings, check_lease
 from dispatch_app.dispatch import announced
-from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
+from dispatch_app.dispatch.breaker import CircuitBreaker
+from dispatch_app.dispatch.breakers import Breakers
 from dispatch_app.dispatch.drain_result import DrainResult
 from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
-from dispatch_app.dispatch.sends import MIN_PROBE_BACKOFF, BatchRecord, Halt, chunks, sort_outcomes
+from dispatch_app.dispatch.sends import BatchRecord, Halt, chunks, sort_outcomes
 from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
 from dispatch_app.store import claim
 from dispatch_app.tuning import MAX_REMEMBERED_GIVE_BACKS
@@ -76,27 +77,10 @@ class DispatchLoop:
         self._clock = clock
         # When the last claim said the next pending envelope falls due (loop clock), or None.
         self._due_at: float | None = None
-        # What writers announced in their NOTIFY: sent before any claim, then marked (dispatch.announced).
-        self.ahead = announced.SendAhead(self.publisher, self._breaker, conf.SEND_CHUNK_SIZE)
         # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
-        self.breakers: dict[str, CircuitBreaker] = {}
-        for server in self.publisher.servers():
-            self._breaker(server)
-
-    def _breaker(self, server: str) -> CircuitBreaker:
-        breaker = self.breakers.get(server)
-        if breaker is None:
-            conf = self.conf
-            breaker = self.breakers[server] = CircuitBreaker(
-                max(conf.SEND_BACKOFF_BASE, MIN_PROBE_BACKOFF),
-                max(
-                    min(conf.SEND_BACKOFF_MAX, conf.SEND_TRANSIENT_BACKOFF_MAX),
-                    MIN_PROBE_BACKOFF,
-                    conf.SEND_BACKOFF_BASE,
-                ),
-                clock=self._clock,
-            )
-        return breaker
+        self.breakers = Breakers(conf, self.publisher.servers(), clock)
+        # What writers announced in their NOTIFY: sent before any claim, then marked (dispatch.announced).
+        self.ahead = announced.SendAhead(self.publisher, self.breakers.of, conf.SEND_CHUNK_SIZE)
 
     @property
     def _sent_ahead(self) -> dict[int, tuple[int, float]]:
@@ -105,7 +89,7 @@ class DispatchLoop:
     @property
     def breaker(self) -> CircuitBreaker:
         """The default server's breaker (the only one unless RQ_QUEUES puts domains on their own Redis)."""
-        return next(iter(self.breakers.values()))
+        return self.breakers.default
 
     def wait(self) -> str:
         reason = self.wake.wait(self.wait_timeout())
@@ -118,7 +102,7 @@ class DispatchLoop:
     def wait_timeout(self) -> float:
         # Paused: wake for the earliest probe when it is due, not a whole tick later; and when
         # the last claim saw a pending envelope falling due before the tick, wake for it then.
-        waits = [p for p in (b.seconds_to_probe() for b in self.breakers.values()) if p is not None]
+        waits = self.breakers.seconds_to_probe()
         if self._due_at is not None:
             waits.append(max(0.0, self._due_at - self._clock()))
         return min([self.conf.POLL_INTERVAL, *waits])
@@ -138,7 +122,7 @@ class DispatchLoop:
         if envelopes and self.conf.SEND_ANNOUNCED and not self.stop.is_set():
             total.sends, total.duplicates = self.ahead.send(envelopes)
         # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
-        if not [breaker.allow() for breaker in self.breakers.values()].count(True):
+        if not self.breakers.allow_any():
             total.paused = True
             return self._report(total)
         in_flight: Future | None = None
@@ -151,17 +135,17 @@ class DispatchLoop:
             total.claim_skipped = bool(covered)
             while not covered and not self.stop.is_set():
                 # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
-                limit = self.conf.BATCH_SIZE if self._any_closed() else 1
+                limit = self.conf.BATCH_SIZE if self.breakers.any_closed() else 1
                 result, record = self._claim_and_send(trigger, limit)
                 total.next_due_in = result.next_due_in
-                self._judge(result, record)
+                self.breakers.judge(record)
                 if in_flight is not None:
                     previous, in_flight = in_flight, None
                     self._collect(total, previous, result, record)
                 # A refusing Redis would refuse the next batch too: its breaker decides when to try again.
                 # Full: more may be due. So is a claim that took its most re-dispatches (claim.AGAIN_PER_CLAIM).
                 full = result.claimed >= limit or result.again_full
-                more = full and not (result.outage and not self._any_closed())
+                more = full and not (result.outage and not self.breakers.any_closed())
                 if more and not self.stop.is_set():
                     in_flight = self._marker.submit(self._record_in_background, result, record)
                     continue
@@ -198,44 +182,8 @@ class DispatchLoop:
         failpoints.hit("fail_background_mark")
         return self._record(result, record)
 
-    def _any_closed(self) -> bool:
-        return any(breaker.state == CLOSED for breaker in self.breakers.values())
-
-    def _judge(self, result: DrainResult, record: BatchRecord | None) -> None:
-        """Tell each server's breaker what it did with this batch (loop's thread, before the results are written)."""
-        if record is None:
-            return  # nothing claimed: Redis was not asked; a half-open breaker probes with the next batch
-        for server, reason in record.outage_reason.items():
-            record.outage_delay[server] = self._breaker(server).failed(reason, record.outage_error[server])
-        for server in record.answered - set(record.outage_reason):
-            paused = self._breaker(server).succeeded()
-            if paused:
-                log.warning(
-                    "dispatch resumed after %.1fs: Redis %s takes sends again",
-                    paused,
-                    redis_servers.label(server),
-                    extra={"action": "dispatch_resumed", "domain": "dispatch"},
-                )
-
-    def breaker_state(self) -> BreakerState:
-        """One state for the observers: the worst server's (open, then half-open), named when there are several."""
-        rank = {OPEN: 0, "half_open": 1, CLOSED: 2}
-        server, breaker = min(self.breakers.items(), key=lambda item: rank.get(item[1].state, 2))
-        state = breaker.snapshot()
-        if len(self.breakers) == 1:
-            return state
-        # Pauses are counted over every server (the observers' counters only ever grow).
-        return BreakerState(
-            state.state,
-            reason=f"{state.reason} [{redis_servers.label(server)}]" if state.state != CLOSED else "",
-            error=state.error,
-            paused_seconds=state.paused_seconds,
-            pauses=sum(b.pauses for b in self.breakers.values()),
-            probe_in=state.probe_in,
-        )
-
     def _report(self, total: DrainResult) -> DrainResult:
-        total.breaker = self.breaker_state()
+        total.breaker = self.breakers.state()
         if self.observer is not None:
             self.observer.drained(total)
         # Conditional NOTIFY (dispatch.arming): where a drain ends, arm before going idle or stay disarmed while busy.
@@ -245,7 +193,7 @@ class DispatchLoop:
     def dispatch_batch(self, trigger: str = TICK) -> DrainResult:
         """One batch, start to finish: claim, send, record."""
         result, record = self._claim_and_send(trigger)
-        self._judge(result, record)
+        self.breakers.judge(record)
         return self._record(result, record)
 
     def _claim_and_send(self, trigger: str, limit: int | None = None) -> tuple[DrainResult, BatchRecord | None]:
@@ -292,7 +240,7 @@ class DispatchLoop:
 
         server_of = self.publisher.server
         batch_chunks = chunks(
-            sendable, record, server_of=server_of, breaker_for=self._breaker, size=self.conf.SEND_CHUNK_SIZE
+            sendable, record, server_of=server_of, breaker_for=self.breakers.of, size=self.conf.SEND_CHUNK_SIZE
         )
         halt = Halt(self.stop, server_of, record.send_started)
         outcomes = self.sender.map(halt.watching(self.publisher.send), batch_chunks, stop=halt)
