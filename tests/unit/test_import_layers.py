@@ -65,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.recovery.*",
             "dispatch_app.worker",
             "dispatch_app.worker.*",
+            "dispatch_app.rqworker",
             "dispatch_app.run",
             "dispatch_app.tasks",
             "dispatch_app.tasks.*",

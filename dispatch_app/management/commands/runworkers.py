@@ -2,7 +2,7 @@
 
 All domain queues by default (they must live on one Redis: with domains on their
 own servers, run one ``runworkers --queues ...`` per server), the JSON serializer and
-``dispatch_app.worker.rqworker.PipelineWorker`` always. The logic is in
+``dispatch_app.rqworker.PipelineWorker`` always. The logic is in
 dispatch_app.worker.rqworker.runner.
 """
 

@@ -2,7 +2,7 @@
 
 RQ stays the engine (queues, job hashes, registries); this package owns how the
 project's workers run. Import the class by its stable path:
-``dispatch_app.worker.rqworker.PipelineWorker``.
+``dispatch_app.rqworker.PipelineWorker`` (an alias kept for deployments that name it).
 """
 
 from dispatch_app.worker.rqworker.worker import PipelineWorker
