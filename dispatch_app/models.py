@@ -139,7 +139,9 @@ _NOTIFY_REARMED = (
 class DispatchEnvelope(models.Model):
     """The durable intent "send job J, attempt N, to queue Q"."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="envelopes")
+    # No index of its own: the unique (job, attempt) index leads with job and serves every lookup by job (and the
+    # cascade); a second one was written on every insert and every update, read by nothing (issue 27 item 4).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="envelopes", db_index=False)
     attempt = models.PositiveIntegerField()
     domain = models.CharField(max_length=32)
     queue = models.CharField(max_length=64)
@@ -282,7 +284,8 @@ class JobAttempt(models.Model):
     """One attempt of a job, written only by triggers (dispatch_app.store.history_triggers), never overwritten
     by a later attempt. Stage times are computed from it by dispatch_app.stages."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own, as for the envelope's: the unique (job, attempt) index serves every lookup by job.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     attempt = models.PositiveIntegerField()
     domain = models.CharField(max_length=32)
     # Attempt 1: the submit; later attempts: the re-dispatch that made them.
