@@ -66,6 +66,11 @@ def test_a_resend_after_the_lease_leaves_the_running_job_alone(private_redis_sta
     )
     stack.wait_all("running", 1, timeout=30)
     running_after = time.monotonic() - claimed_at
+    # The worker's start in PostgreSQL (made while Redis runs the take) can commit before its start in Redis: the take
+    # writes the RQ start only when the job's timeout is the one it assumed (rqworker.starts._record_start), else the
+    # worker writes it when the job runs. The hash says "started" a moment later; that is what the late send must
+    # leave alone.
+    wait_until(lambda: redis.hget(rq_key, "status") == b"started", timeout=10, message="the job started in RQ")
     started = redis.hgetall(rq_key)
     assert started[b"status"] == b"started", started
 
