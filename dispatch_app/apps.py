@@ -10,8 +10,9 @@ class DispatchAppConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from dispatch_app import conf, redis_servers
-        from dispatch_app.domains import registry
+        import dispatch_app.conf as conf
+        import dispatch_app.domains.registry as registry
+        import dispatch_app.redis_servers as redis_servers
         from dispatch_app.recovery.policy import validate_overrides
         from dispatch_app.settings_rules import TAG, check_settings_rules
         from dispatch_app.tasks.queues import task_domains
@@ -30,7 +31,7 @@ class DispatchAppConfig(AppConfig):
 
 def _domains_setting_changed(setting, **kwargs):
     if setting in ("PRODUCTFLOW_DOMAINS", "TASKS"):
-        from dispatch_app.domains import registry
+        import dispatch_app.domains.registry as registry
 
         registry.reset()
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 
-from dispatch_app import prepared
+import dispatch_app.prepared as prepared
 from dispatch_app.conf import dispatch_settings
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatch_app import stage_sql
+import dispatch_app.stage_sql as stage_sql
 
 # The table's row names: the stage and the two instants it spans.
 ROW_NAMES = {

@@ -9,9 +9,9 @@ import pgtrigger
 from django.db import models
 from django.db.models import Q
 
+import dispatch_app.store.history_triggers as history_triggers
 from dispatch_app.conf import ANNOUNCE_PREFIX, NOTIFY_CHANNEL
 from dispatch_app.dbtime import ClockTimestamp
-from dispatch_app.store import history_triggers
 from dispatch_app.tuning import ANNOUNCE_MAX_ROWS
 
 

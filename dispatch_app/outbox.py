@@ -29,11 +29,13 @@ from django.core.signals import setting_changed
 from django.db import connection
 from django.utils import timezone
 
-from dispatch_app import payloads, prepared, tracing
+import dispatch_app.payloads as payloads
+import dispatch_app.prepared as prepared
+import dispatch_app.store.jobs as job_rows
+import dispatch_app.tracing as tracing
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
 from dispatch_app.models import Job, JobStatus
-from dispatch_app.store import jobs as job_rows
 from dispatch_app.store.transitions import redispatch  # its old home; store.transitions owns it
 
 

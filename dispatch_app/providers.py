@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 
-from dispatch_app import failpoints
+import dispatch_app.failpoints as failpoints
 from dispatch_app.conf import dispatch_settings
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app import lanes
+import dispatch_app.lanes as lanes
 
 
 def with_timeouts(url: str, timeout: float) -> str:

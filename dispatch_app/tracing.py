@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 
 from django.db import connection
 
-from dispatch_app import stages
+import dispatch_app.stages as stages
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
 try:  # The optional extra (requirements/tracing.txt): the project runs without it.

@@ -9,7 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.http import HttpResponseRedirect
 
-from dispatch_app.admin import untrusted
+import dispatch_app.admin.untrusted as untrusted
 from dispatch_app.dbtime import ClockTimestamp
 
 DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"

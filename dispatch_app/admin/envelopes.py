@@ -6,10 +6,11 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
+import dispatch_app.ops.actions as actions
+import dispatch_app.ops.blockers as blockers
 from dispatch_app.admin.common import ReadOnlyAdmin, report, since, until
 from dispatch_app.admin.filters import DomainFilter, DueFilter, EnvelopeAgeFilter
 from dispatch_app.models import DispatchEnvelope
-from dispatch_app.ops import actions, blockers
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 

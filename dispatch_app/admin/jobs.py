@@ -14,7 +14,14 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from dispatch_app import stages
+import dispatch_app.ops.actions as actions
+import dispatch_app.ops.blockers as blockers
+import dispatch_app.ops.confirm_warnings as confirm_warnings
+import dispatch_app.ops.queue_order as queue_order
+import dispatch_app.ops.rqjobs as rqjobs
+import dispatch_app.ops.stats as stats
+import dispatch_app.ops.timeline as timeline
+import dispatch_app.stages as stages
 from dispatch_app.admin.common import DASHBOARD_PERMISSION, ReadOnlyAdmin, report, since
 from dispatch_app.admin.dashboard import DashboardViews
 from dispatch_app.admin.filters import (
@@ -31,7 +38,6 @@ from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.admin.untrusted import parse_id, parse_ids
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops import actions, blockers, confirm_warnings, queue_order, rqjobs, stats, timeline
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
 

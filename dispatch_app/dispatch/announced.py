@@ -23,11 +23,11 @@ import logging
 import time
 from collections import OrderedDict, deque
 
-from dispatch_app import redis_servers
+import dispatch_app.redis_servers as redis_servers
+import dispatch_app.store.claim as claim
 from dispatch_app.conf import ANNOUNCE_PREFIX
 from dispatch_app.dispatch.breaker import CLOSED, outage_reason
 from dispatch_app.dispatch.publisher import PermanentSendError
-from dispatch_app.store import claim
 from dispatch_app.store.claim import Claimed
 from dispatch_app.tuning import MAX_REMEMBERED_CLAIMS
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-from dispatch_app import redis_servers
+import dispatch_app.redis_servers as redis_servers
 from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
 from dispatch_app.tuning import MIN_PROBE_BACKOFF
 

@@ -24,9 +24,10 @@ from concurrent.futures import Future
 
 from django.db import connection
 
-from dispatch_app import failpoints
+import dispatch_app.dispatch.announced as announced
+import dispatch_app.failpoints as failpoints
+import dispatch_app.store.claim as claim
 from dispatch_app.conf import DispatchSettings, check_lease
-from dispatch_app.dispatch import announced
 from dispatch_app.dispatch.breaker import CircuitBreaker
 from dispatch_app.dispatch.breakers import Breakers
 from dispatch_app.dispatch.drain_result import DrainResult
@@ -35,7 +36,6 @@ from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.dispatch.sends import BatchRecord, Halt, chunks, sort_outcomes
 from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
-from dispatch_app.store import claim
 from dispatch_app.tuning import MAX_REMEMBERED_GIVE_BACKS
 
 log = logging.getLogger("dispatch_app.dispatch")

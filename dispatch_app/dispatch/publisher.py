@@ -35,7 +35,9 @@ from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 
-from dispatch_app import failpoints, redis_servers, rq_internals
+import dispatch_app.failpoints as failpoints
+import dispatch_app.redis_servers as redis_servers
+import dispatch_app.rq_internals as rq_internals
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.domains import all_domains, get_domain, is_registered

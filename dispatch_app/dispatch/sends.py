@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from dispatch_app import redis_servers
+import dispatch_app.redis_servers as redis_servers
 from dispatch_app.dispatch.breaker import OPEN, outage_reason
 from dispatch_app.store.claim import Claimed
 from dispatch_app.tuning import MIN_PROBE_BACKOFF

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatch_app.domains import registry
+import dispatch_app.domains.registry as registry
 from dispatch_app.domains.base import Domain, Field, PayloadError, RecoveryPolicy
 from dispatch_app.domains.registry import (
     DEFAULT_DOMAINS,

@@ -26,7 +26,8 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app import lanes, redis_servers
+import dispatch_app.lanes as lanes
+import dispatch_app.redis_servers as redis_servers
 from dispatch_app.domains.base import DEFAULT_TASK_PREFIX, Domain, Field, RecoveryPolicy
 
 # The shipped demo domains: a project asks for them (PRODUCTFLOW_DOMAINS = [*DEFAULT_DOMAINS, ...]); unset means

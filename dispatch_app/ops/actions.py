@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
+import dispatch_app.store.envelopes as envelopes
+import dispatch_app.store.events as events
+import dispatch_app.store.transitions as transitions
+import dispatch_app.store.vendor_calls as vendor_calls
 from dispatch_app.conf import NOTIFY_CHANNEL
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import DispatchEnvelope, DomainPause, DomainPauseEvent, Job
-from dispatch_app.store import envelopes, events, transitions, vendor_calls
 from dispatch_app.store.tables import ENVELOPE, JOB
 
 

@@ -205,8 +205,8 @@ def prefetched_by_dead(domains: dict, rq: dict) -> list[dict]:
     """Queued jobs a dead worker took off its queue (prefetched) and never started: the gap between "queued in
     PostgreSQL" and "waiting in Redis". Read only for a domain with such a gap (its oldest PREFETCH_SCAN queued
     jobs, one pipeline per server); a red banner per dead worker holding some."""
+    import dispatch_app.ops.rqjobs as rqjobs
     from dispatch_app.models import Job
-    from dispatch_app.ops import rqjobs
 
     out = []
     for domain, d in domains.items():

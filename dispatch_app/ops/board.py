@@ -7,11 +7,18 @@ clock; stage times come from ``dispatch_app.stages`` (one definition).
 
 from __future__ import annotations
 
-from dispatch_app import stage_sql
+import dispatch_app.ops.actions as actions
+import dispatch_app.ops.alarms as alarms
+import dispatch_app.ops.blockers as blockers
+import dispatch_app.ops.coverage as coverage
+import dispatch_app.ops.outbox_alarm as outbox_alarm
+import dispatch_app.ops.rqside as rqside
+import dispatch_app.ops.sections as sections
+import dispatch_app.ops.stats as stats
+import dispatch_app.stage_sql as stage_sql
+import dispatch_app.worker.rqworker.admission as admission
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops import actions, alarms, blockers, coverage, outbox_alarm, rqside, sections, stats
 from dispatch_app.store.tables import ATTEMPT, JOB
-from dispatch_app.worker.rqworker import admission
 
 WINDOWS = (5, 60)  # minutes: failure counts and rates
 RATE_MINUTES = 5  # jobs per minute started / finished, averaged over this many minutes

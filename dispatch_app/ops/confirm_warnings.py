@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from django.db import connection
 
-from dispatch_app.ops import actions, rqside
+import dispatch_app.ops.actions as actions
+import dispatch_app.ops.rqside as rqside
 from dispatch_app.store.tables import JOB
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from dispatch_app import liveness
+import dispatch_app.liveness as liveness
 from dispatch_app.conf import DispatchSettings
 
 PROCESS = "dispatch_app_dispatcherprocess"

@@ -15,11 +15,11 @@ from django.db import connection
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+import dispatch_app.ops.stats as stats
+import dispatch_app.worker.rqworker.admission as admission
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
-from dispatch_app.ops import stats
 from dispatch_app.ops.operator_metrics import OperatorCollector
-from dispatch_app.worker.rqworker import admission
 
 log = logging.getLogger("dispatch_app.ops.metrics")
 

@@ -11,7 +11,7 @@ import threading
 from django.db import connection
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dispatch_app import stage_sql
+import dispatch_app.stage_sql as stage_sql
 from dispatch_app.domains import domain_keys
 from dispatch_app.store.tables import ATTEMPT
 
@@ -81,7 +81,8 @@ class OperatorCollector:
                 self._sums[domain] = self._sums.get(domain, 0.0) + float(wait_sum or 0.0)
 
     def collect(self):
-        from dispatch_app.ops import actions, rqside
+        import dispatch_app.ops.actions as actions
+        import dispatch_app.ops.rqside as rqside
 
         try:
             with self._lock, connection.cursor() as cursor:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import redis
 
-from dispatch_app import lanes, redis_servers
+import dispatch_app.lanes as lanes
+import dispatch_app.ops.rqside as rqside
+import dispatch_app.redis_servers as redis_servers
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
-from dispatch_app.ops import rqside
 
 ORDER_MAX = 5000  # ids read per lane, from its head
 

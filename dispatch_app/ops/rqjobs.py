@@ -16,10 +16,12 @@ from datetime import datetime
 
 import redis
 
-from dispatch_app import lanes, redis_servers, rq_internals
+import dispatch_app.lanes as lanes
+import dispatch_app.ops.rqside as rqside
+import dispatch_app.redis_servers as redis_servers
+import dispatch_app.rq_internals as rq_internals
 from dispatch_app.domains import UnknownDomain, get_domain
 from dispatch_app.models import JobAttempt
-from dispatch_app.ops import rqside
 from dispatch_app.worker.rqworker.fetch import TAKEN_BY
 
 LIVE = ("queued", "running")

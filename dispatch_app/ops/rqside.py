@@ -37,11 +37,14 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from dispatch_app import lanes, liveness, redis_servers, rq_internals
+import dispatch_app.lanes as lanes
+import dispatch_app.liveness as liveness
+import dispatch_app.redis_servers as redis_servers
+import dispatch_app.rq_internals as rq_internals
+import dispatch_app.worker.rqworker.health as health
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
 from dispatch_app.tuning import REDIS_TIMEOUT, SILENT_PERIODS
-from dispatch_app.worker.rqworker import health
 from dispatch_app.worker.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
 log = logging.getLogger("dispatch_app.ops.rqside")

@@ -29,10 +29,11 @@ Definitions (docs/operations.md repeats them for operators):
 
 from __future__ import annotations
 
-from dispatch_app import liveness, stage_sql
+import dispatch_app.liveness as liveness
+import dispatch_app.ops.sections as sections
+import dispatch_app.stage_sql as stage_sql
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import ACTIVE_STATUSES
-from dispatch_app.ops import sections
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 
 ROUND = "dispatch_app_recoveryround"

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from dispatch_app import stages as st
+import dispatch_app.stages as st
 from dispatch_app.dbtime import db_now
 from dispatch_app.models import DispatchEnvelope, DomainPauseEvent, Job, JobEvent
 

@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING
 import redis
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from dispatch_app.recovery import decide as decisions
-from dispatch_app.recovery import discovery, evidence
+import dispatch_app.recovery.decide as decisions
+import dispatch_app.recovery.discovery as discovery
+import dispatch_app.recovery.evidence as evidence
+import dispatch_app.store.events as events
+import dispatch_app.store.jobs as job_rows
+import dispatch_app.store.transitions as transitions
+import dispatch_app.store.vendor_calls as vendor_calls
 from dispatch_app.recovery.decide import Decision, JobState
-from dispatch_app.store import events, transitions, vendor_calls
-from dispatch_app.store import jobs as job_rows
 
 if TYPE_CHECKING:
     from dispatch_app.recovery.result import CandidateReport, RoundResult

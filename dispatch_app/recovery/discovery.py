@@ -17,8 +17,8 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+import dispatch_app.store.vendor_calls as vendor_calls
 from dispatch_app.recovery.decide import JobState
-from dispatch_app.store import vendor_calls
 from dispatch_app.store.tables import ENVELOPE, JOB
 
 # Served by job_recovery_candidates (domain, updated_at, id) WHERE status IN active:

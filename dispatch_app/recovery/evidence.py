@@ -20,7 +20,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
-from dispatch_app import liveness
+import dispatch_app.liveness as liveness
 from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains.base import ASK
 from dispatch_app.providers import call_with_timeout

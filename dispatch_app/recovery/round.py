@@ -26,14 +26,15 @@ from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from dispatch_app import failpoints
+import dispatch_app.failpoints as failpoints
+import dispatch_app.recovery.decide as decisions
+import dispatch_app.recovery.discovery as discovery
+import dispatch_app.recovery.evidence as evidence
+import dispatch_app.store.events as events
+import dispatch_app.store.jobs as job_rows
 from dispatch_app.models import RecoveryRound
-from dispatch_app.recovery import decide as decisions
-from dispatch_app.recovery import discovery, evidence
 from dispatch_app.recovery.actions import ERROR_EVENT, ROUND_FATAL, Actions, Planned
 from dispatch_app.recovery.result import CandidateReport, RoundResult
-from dispatch_app.store import events
-from dispatch_app.store import jobs as job_rows
 
 log = logging.getLogger("dispatch_app.recovery")
 

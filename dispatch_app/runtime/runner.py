@@ -19,8 +19,8 @@ from typing import Protocol
 
 from django.db import close_old_connections, connections
 
+import dispatch_app.runtime.incident as incident
 from dispatch_app.dbcheck import ConnectionCheck
-from dispatch_app.runtime import incident
 from dispatch_app.runtime.incident import Incidents
 
 log = logging.getLogger("dispatch_app.runtime")

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from dispatch_app import prepared, stage_sql, tracing
-from dispatch_app.store import transitions
+import dispatch_app.prepared as prepared
+import dispatch_app.stage_sql as stage_sql
+import dispatch_app.store.transitions as transitions
+import dispatch_app.tracing as tracing
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 from dispatch_app.tuning import AGAIN_PER_CLAIM
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from dispatch_app.store import transitions
+import dispatch_app.store.transitions as transitions
 from dispatch_app.store.envelope_builder import fresh_params, fresh_set
 from dispatch_app.store.tables import ENVELOPE
 

@@ -33,9 +33,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from dispatch_app import lanes
+import dispatch_app.lanes as lanes
+import dispatch_app.store.events as events
 from dispatch_app.domains import get_domain
-from dispatch_app.store import events
 from dispatch_app.store.envelope_builder import fresh_insert, fresh_params
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 

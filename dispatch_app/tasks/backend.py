@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
-from dispatch_app import payloads
-from dispatch_app.tasks import declare, results
+import dispatch_app.payloads as payloads
+import dispatch_app.tasks.declare as declare
+import dispatch_app.tasks.results as results
 from dispatch_app.tasks.compat import (
     BaseTaskBackend,
     InvalidTask,

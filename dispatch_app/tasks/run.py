@@ -13,8 +13,8 @@ import threading
 
 from django.db import InterfaceError, OperationalError
 
+import dispatch_app.tasks.results as results
 from dispatch_app.providers import ProviderError
-from dispatch_app.tasks import results
 from dispatch_app.tasks.compat import Task, TaskContext, normalize_json, task_finished, task_started
 from dispatch_app.tasks.errors import ErrorNotRetried
 

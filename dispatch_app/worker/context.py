@@ -7,9 +7,9 @@ from typing import Any
 
 from django.db import connection
 
+import dispatch_app.store.jobs as job_rows
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.providers import Provider
-from dispatch_app.store import jobs as job_rows
 
 
 @dataclass

@@ -16,16 +16,16 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from dispatch_app import tracing
+import dispatch_app.store.events as events
+import dispatch_app.tracing as tracing
+import dispatch_app.worker.start_protocol as start_protocol
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dbcheck import ConnectionCheck as _ConnectionCheck  # noqa: F401 - tests build their own
 from dispatch_app.dbcheck import worker_check
 from dispatch_app.dbretry import on_fresh_connections
 from dispatch_app.domains import PayloadError, get_domain
 from dispatch_app.providers import ProviderError, get_provider
-from dispatch_app.store import events
 from dispatch_app.store.transitions import DUPLICATE, finish, redispatch, start_refusal
-from dispatch_app.worker import start_protocol
 from dispatch_app.worker.context import WorkContext
 
 log = logging.getLogger("dispatch_app.worker")

@@ -31,11 +31,11 @@ from typing import Any
 
 from django.db import Error
 
-from dispatch_app import prepared
+import dispatch_app.prepared as prepared
+import dispatch_app.store.transitions as transitions
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.dbcheck import worker_check as _check
 from dispatch_app.dbretry import on_fresh_connections
-from dispatch_app.store import transitions
 
 log = logging.getLogger("dispatch_app.rqworker")
 run_log = logging.getLogger("dispatch_app.worker")

@@ -126,8 +126,10 @@ def import_graph(root: Path = ROOT, package: str = PACKAGE) -> Graph:
                 if node.level:
                     parts = here.split(".")[: len(here.split(".")) - node.level + 1]
                     base = ".".join([*parts, base] if base else parts)
-                # ``from pkg import mod`` imports pkg.mod; ``from mod import name`` imports mod.
-                names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base for alias in node.names]
+                # ``from pkg import mod`` runs pkg's ``__init__`` and imports pkg.mod: an edge to both, so a package
+                # that re-exports its modules and a module that imports a sibling through the package are a cycle.
+                # ``import pkg.mod as mod`` names only pkg.mod.
+                names = [base, *(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods)]
             else:
                 continue
             for name in names:
@@ -256,6 +258,22 @@ def test_function_level_and_relative_imports_are_edges(tmp_path):
     (pkg / "sub" / "b.py").write_text("from ..a import f\nimport p.c\n")
     (pkg / "c.py").write_text("import os\n")
     graph = import_graph(pkg, "p")
-    assert graph["p.a"] == {"p.sub.b": 2}
+    assert graph["p.a"] == {"p.sub": 2, "p.sub.b": 2}
     assert graph["p.sub.b"] == {"p.a": 1, "p.c": 2}
     assert find_cycle(graph) == ["p.a", "p.sub.b", "p.a"]
+
+
+def test_a_package_that_re_exports_a_module_importing_it_is_a_cycle(tmp_path):
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from p.sub.b import run\n")
+    (pkg / "sub" / "b.py").write_text("from p.sub import c\n\ndef run():\n    pass\n")
+    (pkg / "sub" / "c.py").write_text("")
+    graph = import_graph(pkg, "p")
+    assert graph["p.sub.b"] == {"p.sub": 1, "p.sub.c": 1}
+    assert find_cycle(graph) == ["p.sub", "p.sub.b", "p.sub"]
+    (pkg / "sub" / "b.py").write_text("import p.sub.c as c\n\ndef run():\n    pass\n")
+    graph = import_graph(pkg, "p")
+    assert graph["p.sub.b"] == {"p.sub.c": 1}
+    assert find_cycle(graph) is None

@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand
 
+import dispatch_app.ops.board as board
 from dispatch_app.models import ACTIVE_STATUSES
-from dispatch_app.ops import board
 from dispatch_app.ops.timeline import format_duration as fmt
 
 
@@ -184,7 +184,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output (the same numbers)")
 
     def handle(self, *args, **options):
-        from dispatch_app.worker.rqworker import health
+        import dispatch_app.worker.rqworker.health as health
 
         snap = board.build()  # the dashboard's data: stats plus the RQ side, failures, pauses, alarms
         for d in snap["domains"].values():

@@ -99,7 +99,7 @@ class Command(SettingsErrorExit2, BaseCommand):
             from dispatch_app.dispatch.loop import check_send_lease
 
             check_send_lease(conf)  # a lease shorter than a send: exit code 2, naming both settings
-        from dispatch_app.runtime import assembly
+        import dispatch_app.runtime.assembly as assembly
         from dispatch_app.runtime.gcfreeze import freeze_startup
 
         try:
@@ -145,8 +145,9 @@ class Command(SettingsErrorExit2, BaseCommand):
             raise CommandError(f"loops still running at the deadline: {', '.join(hung)}", returncode=EXIT_HUNG)
 
     def _recovery_child(self, conf, options) -> None:
+        import dispatch_app.runtime.assembly as assembly
+        import dispatch_app.runtime.recovery_child as recovery_child
         from dispatch_app.domains import domain_keys
-        from dispatch_app.runtime import assembly, recovery_child
 
         nice = options.get("recovery_nice")
         hung = recovery_child.run(

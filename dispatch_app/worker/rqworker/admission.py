@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import redis
 from rq.utils import now, utcformat
 
-from dispatch_app import lanes, redis_servers
+import dispatch_app.lanes as lanes
+import dispatch_app.redis_servers as redis_servers
 from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains import all_domains
 

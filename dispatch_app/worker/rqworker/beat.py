@@ -22,7 +22,7 @@ import threading
 import redis
 from rq.utils import now, utcformat
 
-from dispatch_app import liveness
+import dispatch_app.liveness as liveness
 from dispatch_app.tuning import MIN_TTL_SECONDS, TTL_PERIODS
 
 log = logging.getLogger("dispatch_app.rqworker")

@@ -27,7 +27,7 @@ import sys
 from rq import serializers, utils
 from rq.serializers import JSONSerializer
 
-from dispatch_app import rq_internals
+import dispatch_app.rq_internals as rq_internals
 
 # The RQ module globals replaced here are listed (and checked against RQ) in ``dispatch_app.rq_internals``.
 SERIALIZER_MODULES = rq_internals.SERIALIZER_MODULES

@@ -29,8 +29,9 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
-from dispatch_app import lanes, rq_internals
-from dispatch_app.worker.rqworker import admission
+import dispatch_app.lanes as lanes
+import dispatch_app.rq_internals as rq_internals
+import dispatch_app.worker.rqworker.admission as admission
 
 TAKEN_BY = "pf_taken_by"
 

@@ -20,7 +20,7 @@ from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
 from rq.utils import parse_composite_key, utcparse
 from rq.worker import Worker
 
-from dispatch_app import liveness
+import dispatch_app.liveness as liveness
 from dispatch_app.tuning import FAILING_STREAK
 from dispatch_app.worker.rqworker.evidence import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
 
@@ -131,7 +131,7 @@ def snapshot(connection: redis.Redis | None = None) -> dict:
     Without a connection: the workers of every server a domain queue lives on (RQ_QUEUES); one server
     down is reported while the others' workers are still listed.
     """
-    from dispatch_app import redis_servers
+    import dispatch_app.redis_servers as redis_servers
     from dispatch_app.domains import queue_names
 
     if connection is not None:

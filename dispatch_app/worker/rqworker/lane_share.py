@@ -7,7 +7,7 @@ RECOVERY_LANE_EVERY is a late one: recovered work still moves, at that share.
 
 from __future__ import annotations
 
-from dispatch_app import lanes
+import dispatch_app.lanes as lanes
 from dispatch_app.domains import queue_names
 
 

@@ -20,7 +20,7 @@ from django.conf import settings
 from rq.serializers import JSONSerializer
 from rq.worker_pool import WorkerPool
 
-from dispatch_app import redis_servers
+import dispatch_app.redis_servers as redis_servers
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import lane_queue_names, queue_names
 from dispatch_app.runtime.gcfreeze import freeze_startup

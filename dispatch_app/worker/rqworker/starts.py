@@ -13,7 +13,7 @@ import logging
 from rq.executions import Execution
 from rq.worker import WorkerStatus
 
-from dispatch_app import rq_internals
+import dispatch_app.rq_internals as rq_internals
 from dispatch_app.tuning import MAX_START_TEMPLATES
 from dispatch_app.worker.rqworker.fetch import Start, mark_started
 from dispatch_app.worker.rqworker.start_template import StartTemplate

@@ -41,7 +41,10 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker
 from rq.worker_registration import register
 
-from dispatch_app import rq_internals
+import dispatch_app.rq_internals as rq_internals
+import dispatch_app.worker.rqworker.admission as admission
+import dispatch_app.worker.rqworker.fast_paths as fast_paths
+import dispatch_app.worker.start_protocol as prestart
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.tuning import (
     HOLD_SECONDS,
@@ -50,8 +53,6 @@ from dispatch_app.tuning import (
     PREFETCH_WAIT_BUDGET,
     RESCUE_SECONDS,
 )
-from dispatch_app.worker import start_protocol as prestart
-from dispatch_app.worker.rqworker import admission, fast_paths
 from dispatch_app.worker.rqworker.beat import Heartbeat, start_beacon
 from dispatch_app.worker.rqworker.evidence import EvidenceMixin
 from dispatch_app.worker.rqworker.fetch import Fetcher, Suspended, Taken

@@ -14,7 +14,7 @@ from rq.rate_limit import release_slot
 from rq.utils import utcformat
 from rq.worker import WorkerStatus
 
-from dispatch_app import rq_internals
+import dispatch_app.rq_internals as rq_internals
 
 
 class WritesMixin:
