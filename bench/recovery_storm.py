@@ -20,6 +20,8 @@ Variants, run interleaved, ``--repeat`` times:
 - ``fast@R``: the backlog, a round per domain every second;
 - ``unpaced@R``: as ``fast``, with ``RECOVERY_PACING`` off (every round sends its
   whole cap, however slowed new work is): what the pacer saves;
+- ``burst@R``: as ``fast``, with ``SPREAD_SECONDS`` = 0 (each round's re-dispatches
+  all due at once, as before the spread): what spreading a round saves;
 - ``fast, saturated``: the recovery lane of ``delivery`` filled first, then new
   jobs faster than the delivery worker can run them: the share recovered work
   still gets (RECOVERY_LANE_EVERY) is ``recovered_share_pct``.
@@ -45,7 +47,7 @@ from bench.workers import Workers
 
 NAME = "recovery-storm"
 RATES = (100, 200)
-MODES = ("none", "defaults", "fast", "unpaced")
+MODES = ("none", "defaults", "fast", "unpaced", "burst")
 VARIANTS = [f"{mode}@{r}" for r in RATES for mode in MODES] + ["fast, saturated"]
 STALE_SECONDS = 600.0
 FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
@@ -91,10 +93,14 @@ def run(ctx: Context) -> list[dict]:
     # One rate only (0: every rate) and the saturated run or not: a shorter run of what changed.
     only_rate = int(ctx.size("storm_rate", 0, 0))
     with_saturated = bool(ctx.size("storm_saturated", 1, 1))
+    # Leave out a comparison (0): ``unpaced`` (what pacing saves), ``burst`` (what spreading a round saves).
+    left_out = {mode for mode in ("unpaced", "burst") if not ctx.size(f"storm_{mode}", 1, 1)}
 
     def wanted(variant: str) -> bool:
         if variant == "fast, saturated":
             return with_saturated
+        if variant.split("@")[0] in left_out:
+            return False
         return only_rate in (0, int(variant.split("@")[1]))
 
     variants = [v for v in VARIANTS if wanted(v)]
@@ -106,8 +112,10 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         if mode != "none":
             seed_stale(per_domain, domains)
-        fast = mode.startswith("fast") or mode == "unpaced"
+        fast = mode.startswith("fast") or mode in ("unpaced", "burst")
         overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if fast else {})}
+        if mode == "burst":
+            overrides["SPREAD_SECONDS"] = 0.0
         spec = {
             "kind": "dispatch",
             "listen": True,

@@ -17,8 +17,9 @@ Instants of one attempt:
   finished    its outcome saved, or the moment a later attempt superseded it, or a cancel
 
 Stages (``STAGES``, in order):
-  backoff   created → due         a deliberate wait, not the dispatcher's: a retry backoff (attempt > 1) or a
-                                  scheduled submit (attempt 1). Absent when the envelope was due at once.
+  backoff   created → due         a deliberate wait, not the dispatcher's: a retry backoff or a recovery
+                                  round's spread (attempt > 1), or a scheduled submit (attempt 1). Absent when
+                                  the envelope was due at once.
   outbox    due → dispatched      the dispatcher's part: wake-up, claim, send, send-failure backoffs, leases
                                   (its aggregates leave out the time the domain was paused: its own wait)
   rq        dispatched → started  time in RQ (clamped at 0 as a safety net; the mark never dates the dispatch

@@ -5,7 +5,8 @@ dispatchers' liveness, the recovery policy) this names the blocker:
 
   paused       an operator paused the domain: by whom, since when, why
   backoff      the envelope is not due yet: a retry's backoff (attempt > 1), a send retry after failed sends,
-               or a scheduled submit; due in N s
+               a recovery round's spread (its re-dispatches due one step after another), or a scheduled
+               submit; due in N s
   lease        a dispatcher holds the envelope (claimed, being sent); the lease ends in N s
   dispatcher   due, and no live dispatcher to send it
   dead         the envelope is dead (sends gave up, or the domain is not registered): nothing sends it
@@ -21,7 +22,11 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from dispatch_app.ops.timeline import format_duration
-from dispatch_app.store.tables import ENVELOPE, JOB
+from dispatch_app.recovery.actions import COUNT_EVENTS
+from dispatch_app.store.tables import ENVELOPE, EVENT, JOB
+
+# The event a recovery re-dispatch writes on the attempt it moves on from.
+RECOVERED = COUNT_EVENTS["redispatched"]
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,13 @@ def envelopes_of(cursor, job_ids) -> dict[int, dict]:
     cursor.execute(
         f"""
         SELECT e.job_id, e.status, e.lease_token IS NOT NULL, extract(epoch FROM e.available_at - clock_timestamp()),
-               e.send_attempts, e.last_error, e.attempt
+               e.send_attempts, e.last_error, e.attempt,
+               EXISTS (SELECT 1 FROM {EVENT} v WHERE v.job_id = e.job_id AND v.attempt = e.attempt - 1
+                       AND v.kind = %s)
         FROM {ENVELOPE} e JOIN {JOB} j ON j.id = e.job_id AND j.attempt = e.attempt
         WHERE e.job_id = ANY(%s)
         """,
-        [ids],
+        [RECOVERED, ids],
     )
     return {
         job_id: {
@@ -74,8 +81,9 @@ def envelopes_of(cursor, job_ids) -> dict[int, dict]:
             "send_attempts": sends,
             "last_error": error,
             "attempt": attempt,
+            "recovered": recovered,
         }
-        for job_id, status, leased, due_in, sends, error, attempt in cursor.fetchall()
+        for job_id, status, leased, due_in, sends, error, attempt, recovered in cursor.fetchall()
     }
 
 
@@ -105,6 +113,8 @@ def outbox(status: str, attempt: int, envelope: dict | None, pause: dict | None,
         if envelope["send_attempts"]:
             error = f"; last error: {envelope['last_error'][:120]}" if envelope["last_error"] else ""
             text = f"send backoff after {envelope['send_attempts']} failed send(s): due {in_seconds(due_in)}{error}"
+        elif attempt > 1 and envelope.get("recovered"):
+            text = f"re-dispatched by recovery, spread over its round (attempt {attempt}): due {in_seconds(due_in)}"
         elif attempt > 1:
             text = f"backoff before retry {attempt - 1} (attempt {attempt}): due {in_seconds(due_in)}"
         else:

@@ -80,6 +80,9 @@ class Actions:
     def __init__(self, domain: str, failed: Callable[..., None]):
         self.domain = domain
         self._failed = failed
+        # Seconds a batch's re-dispatches are spread over (transitions.redispatch_many); 0: all due now. The
+        # recovery loop sets it from its period; ``recover --once`` and a round run by hand send at once.
+        self.spread_seconds = 0.0
 
     def act_all(self, planned: list[Planned], result: RoundResult) -> None:
         """The round's actions in one transaction: one statement locks every row, one commit ends it.
@@ -149,7 +152,9 @@ class Actions:
             )
             for step in steps
         ]
-        moved = transitions.redispatch_many(self.domain, jobs, kind=EVENT_KINDS[decisions.REDISPATCH])
+        moved = transitions.redispatch_many(
+            self.domain, jobs, kind=EVENT_KINDS[decisions.REDISPATCH], spread_seconds=self.spread_seconds
+        )
         for step in steps:
             if step.state.job_id in moved:
                 result.redispatched += 1

@@ -22,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from dispatch_app.domains import domain_keys, get_domain, is_registered
 from dispatch_app.domains.base import RecoveryPolicy
+from dispatch_app.tuning import RECOVERY_SPREAD_MAX, RECOVERY_SPREAD_SHARE
 from dispatch_app.values import coerce_number
 
 
@@ -67,6 +68,15 @@ KEYS: dict[str, _Key] = {
     ),
     "PERIOD_SECONDS": _Key("period_seconds", float, 0.01, 86_400, doc="pause between two rounds of one domain"),
     "JITTER_SECONDS": _Key("jitter_seconds", float, 0, 86_400, doc="random extra pause, so processes spread out"),
+    "SPREAD_SECONDS": _Key(
+        "spread_seconds",
+        float,
+        0,
+        86_400,
+        nullable=True,
+        doc="a recovery loop's round makes its re-dispatches due one step after another over this span (None = 80 % "
+        "of PERIOD_SECONDS, at most 10 s; 0 = all due at once; `recover --once` always sends at once)",
+    ),
 }
 
 
@@ -76,6 +86,14 @@ class EffectivePolicy(RecoveryPolicy):
 
     domain: str = ""
     max_redispatches_per_round: int | None = None
+    spread_seconds: float | None = None
+
+    @property
+    def round_spread(self) -> float:
+        """Seconds a loop's round spreads its re-dispatches over (``SPREAD_SECONDS``, or from the period)."""
+        if self.spread_seconds is not None:
+            return self.spread_seconds
+        return min(self.period_seconds * RECOVERY_SPREAD_SHARE, RECOVERY_SPREAD_MAX)
 
     @property
     def redispatch_cap(self) -> int:

@@ -38,6 +38,7 @@ import dispatch_app.store.events as events
 from dispatch_app.domains import get_domain
 from dispatch_app.store.envelope_builder import fresh_insert, fresh_params
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
+from dispatch_app.tuning import RECOVERY_SPREAD_STEP
 
 UNFINISHED = ("submitted", "queued", "running")
 FINISHED_BY_WORKER = ("succeeded", "failed", "outcome_unknown")
@@ -182,7 +183,9 @@ def redispatch_many_sql() -> str:
         "WHERE j.id = seen.id AND j.attempt = seen.attempt AND j.status = seen.status AND j.domain = %(domain)s "
         "RETURNING j.id, j.attempt), "
         f"envelopes AS (INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{columns}) "
-        f"SELECT id, attempt, %(domain)s, %(queue)s, clock_timestamp(){values} FROM moved) "
+        # The k-th job moved (by id) is due after (k // per_step) * step seconds (spread_steps).
+        "SELECT id, attempt, %(domain)s, %(queue)s, clock_timestamp() + make_interval(secs => "
+        f"((row_number() OVER (ORDER BY id) - 1) / %(per_step)s::int)::float8 * %(step)s::float8){values} FROM moved) "
         "SELECT id, attempt FROM moved"
     )
 
@@ -284,13 +287,34 @@ def conclude(cursor, job_id: int, attempt: int, seen_status: str, status: str, e
     return cursor.rowcount == 1
 
 
-def redispatch_many(domain: str, jobs: list[tuple[int, int, str, str, dict]], *, kind: str) -> dict[int, int]:
-    """``redispatch`` (due now) for many jobs of one domain: two statements, whatever their number.
+def spread_steps(count: int, spread_seconds: float, min_step: float) -> tuple[int, float]:
+    """(jobs per step, seconds per step): ``count`` due times spread over ``spread_seconds``, the first at once.
+
+    Steps are at least ``min_step`` apart (each is one more claim for the dispatcher), so a short spread has
+    fewer, fuller steps; no spread, or one job: one step of everything, due now.
+    """
+    if count <= 1 or spread_seconds <= 0 or min_step <= 0:
+        return max(count, 1), 0.0
+    steps = max(1, min(count, int(spread_seconds / min_step + 1e-9)))
+    return -(-count // steps), spread_seconds / steps
+
+
+def redispatch_many(
+    domain: str,
+    jobs: list[tuple[int, int, str, str, dict]],
+    *,
+    kind: str,
+    spread_seconds: float = 0.0,
+    min_step: float = RECOVERY_SPREAD_STEP,
+) -> dict[int, int]:
+    """``redispatch`` for many jobs of one domain: two statements, whatever their number.
 
     ``jobs``: (job id, from attempt, the status it was seen in, the event's reason, the event's data).
     Returns {job id: new attempt} for the jobs that moved; a job missing from it had moved
     on since the caller looked (its compare-and-set failed), and is not touched.
-    Must run inside a transaction.
+    ``spread_seconds``: 0, every new envelope due now; else their due times step through that span
+    (``spread_steps``, in job id order), so the batch reaches the workers a few at a time. Each event's
+    ``delay_seconds`` says its job's. Must run inside a transaction.
     """
     assert connection.in_atomic_block, "redispatch_many must run inside the caller's transaction"
     if not jobs:
@@ -305,16 +329,18 @@ def redispatch_many(domain: str, jobs: list[tuple[int, int, str, str, dict]], *,
         "domain": domain,
         "queue": lanes.queue_name(get_domain(domain).queue, lanes.for_kind(kind)),
     }
+    per_step, step = spread_steps(len(jobs), spread_seconds, min_step)
     with connection.cursor() as cursor:
-        cursor.execute(redispatch_many_sql(), {**params, **fresh_params()})
+        cursor.execute(redispatch_many_sql(), {**params, **fresh_params(), "per_step": per_step, "step": step})
         moved = dict(cursor.fetchall())
+    delays = {job_id: (k // per_step) * step for k, job_id in enumerate(sorted(moved))}
     events.record_many(
         {
             "job_id": job_id,
             "attempt": attempt,
             "kind": kind,
             "reason": reason,
-            "data": {**data, "next_attempt": moved[job_id], "delay_seconds": 0.0},
+            "data": {**data, "next_attempt": moved[job_id], "delay_seconds": round(delays[job_id], 3)},
         }
         for job_id, attempt, _, reason, data in jobs
         if job_id in moved

@@ -48,6 +48,9 @@ def test_the_list_names_each_outbox_blocker(operator):
     envelope(dead, "dead", last_error="domain 'x' is not registered")
     due = job("delivery", "submitted")
     envelope(due, "pending")
+    spread = job("delivery", "submitted", attempt=2)  # recovery's round spreads its re-dispatches
+    envelope(spread, "pending", attempt=2, available_ago=-7)
+    JobEvent.objects.create(job=spread, attempt=1, kind="recovery_redispatch", reason="lost")
 
     page = operator.get(JOBS).content.decode()
     assert waiting_cell(page, paused.pk).startswith("outbox: dispatch of its domain paused by system")
@@ -67,6 +70,10 @@ def test_the_list_names_each_outbox_blocker(operator):
     )
     assert "envelope dead (domain 'x' is not registered)" in waiting_cell(page, dead.pk)
     assert "waiting for a dispatcher's claim" in waiting_cell(page, due.pk)
+    assert re.match(
+        r"(outbox|backoff): re-dispatched by recovery, spread over its round \(attempt 2\): due in [67]\.\d s",
+        waiting_cell(page, spread.pk),
+    )
 
     DispatcherProcess.objects.all().delete()  # nobody to send it
     page = operator.get(JOBS).content.decode()

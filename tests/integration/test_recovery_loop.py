@@ -10,7 +10,7 @@ from django.db import connections
 
 from dispatch_app import submit
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.models import Job, RecoveryRound
+from dispatch_app.models import DispatchEnvelope, Job, RecoveryRound
 from dispatch_app.providers import LocalProvider, set_provider
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.round import Round, RoundSignals
@@ -88,6 +88,10 @@ def test_full_batch_reports_has_more_and_the_next_round_waits_a_full_period(redi
         fake.go.release()
         assert finished.acquire(timeout=SAFETY)
         assert (rounds[0].scanned, rounds[0].redispatched, rounds[0].has_more) == (3, 3, True)
+        # The round's re-dispatches are spread: over min(0.8 x 30 s, 10 s), 3 jobs one step of 10/3 s apart.
+        envelopes = DispatchEnvelope.objects.filter(attempt=2).order_by("job_id")
+        offsets = [(e.available_at - e.created_at).total_seconds() for e in envelopes]
+        assert offsets == [pytest.approx(0, abs=0.05), pytest.approx(10 / 3, abs=0.05), pytest.approx(20 / 3, abs=0.05)]
 
         # Full batch, has_more: still the loop asks for a full period (+ jitter), not for "at once".
         assert fake.waiting.acquire(timeout=SAFETY)

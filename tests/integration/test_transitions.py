@@ -196,6 +196,43 @@ def test_redispatch_many_moves_each_job_by_its_own_compare_and_set():
     assert events[jobs[3].pk].data == {"round": 7, "next_attempt": 2, "delay_seconds": 0.0}
 
 
+def test_redispatch_many_spreads_the_due_times_over_the_span_in_steps():
+    from dispatch_app.models import JobEvent
+
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(7)]
+    dispatch_now()
+    seen = [(j.pk, 1, "queued", "lost", {}) for j in jobs]
+    with transaction.atomic(), connection.cursor() as cursor:
+        moved = transitions.redispatch_many(
+            "delivery", seen, kind="recovery_redispatch", spread_seconds=3.0, min_step=1.0
+        )
+        cursor.execute("SELECT clock_timestamp()")
+        (before_commit,) = cursor.fetchone()
+    assert len(moved) == 7
+    # 3 steps of 1 s (7 jobs: 3, 3, 1), in job id order, the first due at once.
+    rows = DispatchEnvelope.objects.filter(attempt=2).order_by("job_id").values_list("created_at", "available_at")
+    offsets = [round((due - created).total_seconds()) for created, due in rows]
+    assert offsets == [0, 0, 0, 1, 1, 1, 2]
+    assert max(due for _, due in rows) > before_commit  # in the future, not already due
+    delays = dict(JobEvent.objects.filter(kind="recovery_redispatch").values_list("job_id", "data__delay_seconds"))
+    assert [delays[j.pk] for j in sorted(jobs, key=lambda j: j.pk)] == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("count", "spread", "step", "expected"),
+    [
+        (25, 0.8, 0.1, (4, 0.1)),  # a round per second: 8 steps at most, so 4 a step (7 steps used)
+        (25, 10.0, 0.1, (1, 0.4)),  # one job per step, 0.4 s apart
+        (1, 10.0, 0.1, (1, 0.0)),
+        (25, 0.0, 0.1, (25, 0.0)),  # no spread: all due now
+        (3, 0.05, 0.1, (3, 0.05)),  # a span shorter than a step: one step
+    ],
+)
+def test_spread_steps(count, spread, step, expected):
+    per_step, seconds = transitions.spread_steps(count, spread, step)
+    assert (per_step, round(seconds, 6)) == expected
+
+
 def test_redispatch_many_refuses_a_finished_status_and_a_job_of_another_domain():
     job = submit("delivery", PAYLOADS["delivery"])
     other = submit("workflow", PAYLOADS["workflow"])
