@@ -93,8 +93,8 @@ def run(ctx: Context) -> list[dict]:
     # One rate only (0: every rate) and the saturated run or not: a shorter run of what changed.
     only_rate = int(ctx.size("storm_rate", 0, 0))
     with_saturated = bool(ctx.size("storm_saturated", 1, 1))
-    # Leave out a comparison (0): ``unpaced`` (what pacing saves), ``burst`` (what spreading a round saves).
-    left_out = {mode for mode in ("unpaced", "burst") if not ctx.size(f"storm_{mode}", 1, 1)}
+    # Leave a mode out (storm_<mode>=0), e.g. the comparisons ``unpaced`` (what pacing saves) and ``burst``.
+    left_out = {mode for mode in MODES if mode != "none" and not ctx.size(f"storm_{mode}", 1, 1)}
 
     def wanted(variant: str) -> bool:
         if variant == "fast, saturated":

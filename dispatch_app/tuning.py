@@ -74,8 +74,9 @@ SUMMARY_EVERY = 30.0
 RECOVERY_SPREAD_SHARE = 0.8
 # ... and over no more than this (s): a long period (a round an hour) must not hold recovered work back for long.
 RECOVERY_SPREAD_MAX = 10.0
-# The shortest step between two due times: every step is one claim more for the dispatcher (its due wake), so a
-# short period is spread over fewer, fuller steps (a round of 25 every second: 7 steps of 4 jobs, 0.8 s).
+# The shortest step between two due times, and their grid: every step is one claim more for the dispatcher (its
+# due wake), so a short period is spread over fewer, fuller steps (a round of 25 every second: 7 steps of 4 jobs),
+# and every domain's steps fall on the same instants (one claim takes them all: at most 10 due wakes a second).
 RECOVERY_SPREAD_STEP = 0.1
 
 # --- dispatch_app.recovery.pacing ------------------------------------------------------------------------------------

@@ -183,10 +183,15 @@ def redispatch_many_sql() -> str:
         "WHERE j.id = seen.id AND j.attempt = seen.attempt AND j.status = seen.status AND j.domain = %(domain)s "
         "RETURNING j.id, j.attempt), "
         f"envelopes AS (INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{columns}) "
-        # The k-th job moved (by id) is due after (k // per_step) * step seconds (spread_steps).
-        "SELECT id, attempt, %(domain)s, %(queue)s, clock_timestamp() + make_interval(secs => "
-        f"((row_number() OVER (ORDER BY id) - 1) / %(per_step)s::int)::float8 * %(step)s::float8){values} FROM moved) "
-        "SELECT id, attempt FROM moved"
+        # Step k (the k-th per_step jobs moved, by id) is due k * step seconds on, floored to the grid: every
+        # domain's steps fall on the same instants, so one claim of the dispatcher takes them all (spread_steps).
+        "SELECT id, attempt, %(domain)s, %(queue)s, CASE WHEN k = 0 THEN clock_timestamp() ELSE "
+        "date_bin(make_interval(secs => %(grid)s::float8), clock_timestamp() + make_interval(secs => "
+        "k * %(step)s::float8), TIMESTAMPTZ '2000-01-01 00:00:00+00') END"
+        f"{values} FROM (SELECT id, attempt, (row_number() OVER (ORDER BY id) - 1) / %(per_step)s::int AS k "
+        "FROM moved) steps "
+        "RETURNING job_id, greatest(extract(epoch FROM available_at - created_at), 0)::float8 AS delay) "
+        "SELECT m.id, m.attempt, e.delay FROM moved m JOIN envelopes e ON e.job_id = m.id"
     )
 
 
@@ -313,8 +318,8 @@ def redispatch_many(
     Returns {job id: new attempt} for the jobs that moved; a job missing from it had moved
     on since the caller looked (its compare-and-set failed), and is not touched.
     ``spread_seconds``: 0, every new envelope due now; else their due times step through that span
-    (``spread_steps``, in job id order), so the batch reaches the workers a few at a time. Each event's
-    ``delay_seconds`` says its job's. Must run inside a transaction.
+    (``spread_steps``, in job id order; after the first, each on a grid of ``min_step``), so the batch reaches
+    the workers a few at a time. Each event's ``delay_seconds`` says its job's. Must run inside a transaction.
     """
     assert connection.in_atomic_block, "redispatch_many must run inside the caller's transaction"
     if not jobs:
@@ -330,10 +335,12 @@ def redispatch_many(
         "queue": lanes.queue_name(get_domain(domain).queue, lanes.for_kind(kind)),
     }
     per_step, step = spread_steps(len(jobs), spread_seconds, min_step)
+    spread = {"per_step": per_step, "step": step, "grid": max(min_step, 0.001)}
     with connection.cursor() as cursor:
-        cursor.execute(redispatch_many_sql(), {**params, **fresh_params(), "per_step": per_step, "step": step})
-        moved = dict(cursor.fetchall())
-    delays = {job_id: (k // per_step) * step for k, job_id in enumerate(sorted(moved))}
+        cursor.execute(redispatch_many_sql(), {**params, **fresh_params(), **spread})
+        rows = cursor.fetchall()
+    moved = {job_id: attempt for job_id, attempt, _ in rows}
+    delays = {job_id: delay for job_id, _, delay in rows}
     events.record_many(
         {
             "job_id": job_id,
