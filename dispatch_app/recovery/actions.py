@@ -3,7 +3,7 @@
 The round (``recovery.round``) looks and decides with no transaction open; this
 part takes the row locks, checks each job is unchanged since the round re-read
 it, and acts: the re-dispatches of a batch in two statements
-(``transitions.redispatch_many``), the rarer actions one by one, all in one
+(``batch_redispatch.redispatch_many``), the rarer actions one by one, all in one
 transaction. If any action raises, the batch is rolled back and each candidate
 acts again in its own transaction, so only the one that raised counts as an error.
 """
@@ -21,6 +21,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 import dispatch_app.recovery.decide as decisions
 import dispatch_app.recovery.discovery as discovery
 import dispatch_app.recovery.evidence as evidence
+import dispatch_app.store.batch_redispatch as batch_redispatch
 import dispatch_app.store.events as events
 import dispatch_app.store.jobs as job_rows
 import dispatch_app.store.transitions as transitions
@@ -80,7 +81,7 @@ class Actions:
     def __init__(self, domain: str, failed: Callable[..., None]):
         self.domain = domain
         self._failed = failed
-        # Seconds a batch's re-dispatches are spread over (transitions.redispatch_many); 0: all due now. The
+        # Seconds a batch's re-dispatches are spread over (batch_redispatch.redispatch_many); 0: all due now. The
         # recovery loop sets it from its period; ``recover --once`` and a round run by hand send at once.
         self.spread_seconds = 0.0
 
@@ -88,7 +89,7 @@ class Actions:
         """The round's actions in one transaction: one statement locks every row, one commit ends it.
 
         The re-dispatches (a storm's bulk) are two statements for the whole batch
-        (``transitions.redispatch_many``); the rarer actions run one by one inside the
+        (``batch_redispatch.redispatch_many``); the rarer actions run one by one inside the
         transaction. A recovered job cost ~10 round trips before this, each parsed and
         planned anew; a storm's round of 25 now costs ~7. If any action raises, the
         whole batch is rolled back and each is done again on its own, so only the
@@ -152,7 +153,7 @@ class Actions:
             )
             for step in steps
         ]
-        moved = transitions.redispatch_many(
+        moved = batch_redispatch.redispatch_many(
             self.domain, jobs, kind=EVENT_KINDS[decisions.REDISPATCH], spread_seconds=self.spread_seconds
         )
         for step in steps:

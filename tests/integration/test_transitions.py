@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 from dispatch_app import submit
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.models import DispatchEnvelope, Job
-from dispatch_app.store import transitions
+from dispatch_app.store import batch_redispatch, transitions
 from dispatch_app.store.transitions import IllegalTransition
 from tests.factories import PAYLOADS
 from tests.helpers import wait_until
@@ -181,7 +181,7 @@ def test_redispatch_many_moves_each_job_by_its_own_compare_and_set():
         (jobs[3].pk, 1, "queued", "lost too", {"round": 7}),
     ]
     with transaction.atomic():
-        moved = transitions.redispatch_many("delivery", seen, kind="recovery_redispatch")
+        moved = batch_redispatch.redispatch_many("delivery", seen, kind="recovery_redispatch")
 
     assert moved == {jobs[0].pk: 2, jobs[3].pk: 2}
     assert [status(j) for j in jobs] == [("submitted", 2), ("succeeded", 1), ("queued", 1), ("submitted", 2)]
@@ -203,7 +203,7 @@ def test_redispatch_many_spreads_the_due_times_over_the_span_in_steps():
     dispatch_now()
     seen = [(j.pk, 1, "queued", "lost", {}) for j in jobs]
     with transaction.atomic(), connection.cursor() as cursor:
-        moved = transitions.redispatch_many(
+        moved = batch_redispatch.redispatch_many(
             "delivery", seen, kind="recovery_redispatch", spread_seconds=3.0, min_step=1.0
         )
         cursor.execute("SELECT clock_timestamp()")
@@ -233,7 +233,7 @@ def test_redispatch_many_spreads_the_due_times_over_the_span_in_steps():
     ],
 )
 def test_spread_steps(count, spread, step, expected):
-    per_step, seconds = transitions.spread_steps(count, spread, step)
+    per_step, seconds = batch_redispatch.spread_steps(count, spread, step)
     assert (per_step, round(seconds, 6)) == expected
 
 
@@ -241,7 +241,7 @@ def test_redispatch_many_refuses_a_finished_status_and_a_job_of_another_domain()
     job = submit("delivery", PAYLOADS["delivery"])
     other = submit("workflow", PAYLOADS["workflow"])
     with transaction.atomic(), pytest.raises(IllegalTransition, match="not a 'succeeded' one"):
-        transitions.redispatch_many("delivery", [(job.pk, 1, "succeeded", "r", {})], kind="x")
+        batch_redispatch.redispatch_many("delivery", [(job.pk, 1, "succeeded", "r", {})], kind="x")
     with transaction.atomic():
-        assert transitions.redispatch_many("delivery", [(other.pk, 1, "submitted", "r", {})], kind="x") == {}
+        assert batch_redispatch.redispatch_many("delivery", [(other.pk, 1, "submitted", "r", {})], kind="x") == {}
     assert status(other) == ("submitted", 1)
