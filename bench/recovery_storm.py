@@ -22,6 +22,8 @@ Variants, run interleaved, ``--repeat`` times:
   whole cap, however slowed new work is): what the pacer saves;
 - ``burst@R``: as ``fast``, with ``SPREAD_SECONDS`` = 0 (each round's re-dispatches
   all due at once, as before the spread): what spreading a round saves;
+- ``tail@R``: as ``fast``, with the pacer reading new work's p99
+  (``RECOVERY_PACE_QUANTILE`` = 0.99) instead of its p90;
 - ``fast, saturated``: the recovery lane of ``delivery`` filled first, then new
   jobs faster than the delivery worker can run them: the share recovered work
   still gets (RECOVERY_LANE_EVERY) is ``recovered_share_pct``.
@@ -47,7 +49,7 @@ from bench.workers import Workers
 
 NAME = "recovery-storm"
 RATES = (100, 200)
-MODES = ("none", "defaults", "fast", "unpaced", "burst")
+MODES = ("none", "defaults", "fast", "unpaced", "burst", "tail")
 VARIANTS = [f"{mode}@{r}" for r in RATES for mode in MODES] + ["fast, saturated"]
 STALE_SECONDS = 600.0
 FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
@@ -112,7 +114,7 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         if mode != "none":
             seed_stale(per_domain, domains)
-        fast = mode.startswith("fast") or mode in ("unpaced", "burst")
+        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "tail")
         overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if fast else {})}
         if mode == "burst":
             overrides["SPREAD_SECONDS"] = 0.0
@@ -121,7 +123,10 @@ def run(ctx: Context) -> list[dict]:
             "listen": True,
             "poll": 1.0,
             "real_recovery": {"domains": domains, "overrides": {d: dict(overrides) for d in domains}},
-            "settings": {"RECOVERY_PACING": mode != "unpaced"},
+            "settings": {
+                "RECOVERY_PACING": mode != "unpaced",
+                **({"RECOVERY_PACE_QUANTILE": 0.99} if mode == "tail" else {}),
+            },
         }
         stamps = tempfile.NamedTemporaryFile(prefix="pf-storm-stamps-", delete=False)
         stamps.close()

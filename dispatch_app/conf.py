@@ -147,11 +147,18 @@ SPECS: dict[str, _Spec] = {
     "RECOVERY_PACE_WINDOW": _Spec(
         5.0, float, 0.5, 600, "pacing looks at first attempts dispatched this long ago or less (s)"
     ),
+    "RECOVERY_PACE_QUANTILE": _Spec(
+        0.99,
+        float,
+        0.5,
+        0.999,
+        "pacing reads new work's start wait at this quantile of the window (the tail: where a storm shows first)",
+    ),
     "RECOVERY_PACE_TOLERANCE": _Spec(
-        1.25, float, 1.0, 100, "new work counts as slowed above its quietest p90 start wait times this"
+        1.25, float, 1.0, 100, "new work counts as slowed above its quietest start wait (at that quantile) times this"
     ),
     "RECOVERY_PACE_SLACK_MS": _Spec(
-        2.0, float, 0, 60_000, "... plus this (ms), so a few milliseconds of noise are not read as slowed"
+        0.5, float, 0, 60_000, "... plus this (ms), so a few milliseconds of noise are not read as slowed"
     ),
     "RECOVERY_PACE_MIN_SHARE": _Spec(
         0.1,
@@ -230,6 +237,7 @@ class DispatchSettings:
     PROVIDER_TIMEOUT: float
     RECOVERY_PACING: bool
     RECOVERY_PACE_WINDOW: float
+    RECOVERY_PACE_QUANTILE: float
     RECOVERY_PACE_TOLERANCE: float
     RECOVERY_PACE_SLACK_MS: float
     RECOVERY_PACE_MIN_SHARE: float

@@ -80,8 +80,9 @@ RECOVERY_SPREAD_MAX = 10.0
 RECOVERY_SPREAD_STEP = 0.1
 
 # --- dispatch_app.recovery.pacing ------------------------------------------------------------------------------------
-# New work's commit -> start is read at this quantile: the tail recovery must not grow, not the median.
-QUANTILE = 0.9
+# New work's commit -> start is read at this quantile unless told (RECOVERY_PACE_QUANTILE): the tail recovery
+# must not grow, not the median.
+QUANTILE = 0.99
 # Fewer first attempts than this in the window say nothing about headroom: the workers have it.
 MIN_SAMPLES = 20
 # A look serves every loop of the process this long.

@@ -12,7 +12,7 @@ from dispatch_app.admin.untrusted import parse_id
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
-from dispatch_app.recovery.actions import COUNT_EVENTS
+from dispatch_app.recovery.event_kinds import COUNT_EVENTS
 
 
 class DomainFilter(admin.SimpleListFilter):

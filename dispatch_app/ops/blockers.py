@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from dispatch_app.ops.timeline import format_duration
-from dispatch_app.recovery.actions import COUNT_EVENTS
+from dispatch_app.recovery.event_kinds import COUNT_EVENTS
 from dispatch_app.store.tables import ENVELOPE, EVENT, JOB
 
 # The event a recovery re-dispatch writes on the attempt it moves on from.

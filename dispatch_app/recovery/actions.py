@@ -27,6 +27,7 @@ import dispatch_app.store.jobs as job_rows
 import dispatch_app.store.transitions as transitions
 import dispatch_app.store.vendor_calls as vendor_calls
 from dispatch_app.recovery.decide import Decision, JobState
+from dispatch_app.recovery.event_kinds import EVENT_KINDS
 
 if TYPE_CHECKING:
     from dispatch_app.recovery.result import CandidateReport, RoundResult
@@ -36,25 +37,6 @@ log = logging.getLogger("dispatch_app.recovery")
 # The database or Redis itself is gone: every next candidate would fail the same way
 # (each after a socket timeout), so the round ends and the runner backs off.
 ROUND_FATAL = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
-
-# The history's event kinds; a re-dispatch is recorded by transitions.redispatch with the same reason.
-EVENT_KINDS = {
-    decisions.REDISPATCH: "recovery_redispatch",
-    decisions.LEAVE_ALONE: "recovery_leave_alone",
-    decisions.OUTCOME_UNKNOWN: "recovery_outcome_unknown",
-    decisions.FAIL: "recovery_fail",
-}
-# A candidate the round could not decide on (an exception): its own event kind.
-ERROR_EVENT = "recovery_error"
-# A round's decision counts (RoundResult fields, the dashboard's columns, in order) -> the event kind each writes
-# (admin.filters.RecoveryDecisionFilter and the dashboard's links read it).
-COUNT_EVENTS = {
-    "redispatched": EVENT_KINDS[decisions.REDISPATCH],
-    "left_alone": EVENT_KINDS[decisions.LEAVE_ALONE],
-    "unknown": EVENT_KINDS[decisions.OUTCOME_UNKNOWN],
-    "failed": EVENT_KINDS[decisions.FAIL],
-    "errors": ERROR_EVENT,
-}
 
 
 @dataclass
@@ -78,12 +60,12 @@ class Actions:
     ``failed(candidate, report, result, exc)``: the round's handling of a candidate whose action raised.
     """
 
-    def __init__(self, domain: str, failed: Callable[..., None]):
+    def __init__(self, domain: str, failed: Callable[..., None], *, spread_seconds: float = 0.0):
         self.domain = domain
         self._failed = failed
         # Seconds a batch's re-dispatches are spread over (batch_redispatch.redispatch_many); 0: all due now. The
-        # recovery loop sets it from its period; ``recover --once`` and a round run by hand send at once.
-        self.spread_seconds = 0.0
+        # recovery loop passes its policy's round_spread; ``recover --once`` and a round run by hand send at once.
+        self.spread_seconds = spread_seconds
 
     def act_all(self, planned: list[Planned], result: RoundResult) -> None:
         """The round's actions in one transaction: one statement locks every row, one commit ends it.

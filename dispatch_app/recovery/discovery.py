@@ -87,20 +87,24 @@ class Discovery:
         return self.candidates[0].age_seconds if self.candidates else None
 
 
-def discover(policy) -> Discovery:
-    """One short transaction: up to B candidates, oldest first; the (B+1)th only says "has more"."""
+def discover(policy, limit: int | None = None) -> Discovery:
+    """One short transaction: up to B candidates, oldest first; the (B+1)th only says "has more".
+
+    ``limit``: fewer than B (a paced round looks only at what it may act on).
+    """
+    batch = policy.batch_size if limit is None else max(0, min(limit, policy.batch_size))
     params = {
         "domain": policy.domain,
         "queued": policy.queued_stale_seconds,
         "running": policy.running_stale_seconds,
         "least": min(policy.queued_stale_seconds, policy.running_stale_seconds),
-        "limit": policy.batch_size + 1,
+        "limit": batch + 1,
     }
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(DISCOVERY_SQL, params)
         rows = cursor.fetchall()
     candidates = [Candidate(*row) for row in rows]
-    return Discovery(candidates[: policy.batch_size], has_more=len(candidates) > policy.batch_size)
+    return Discovery(candidates[:batch], has_more=len(candidates) > batch)
 
 
 def reread(job_id: int) -> tuple[JobState, datetime] | None:

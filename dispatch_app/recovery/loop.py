@@ -42,11 +42,10 @@ class RecoveryLoop:
         self.rand = rand or random.Random()
         # waiter(timeout) -> True when stopped; the default wakes at once on stop.
         self.waiter = waiter or stop.wait
-        self.round = Round(policy, redis=redis, provider=provider, signals=signals)
+        # A round's re-dispatches reach the workers over most of the period, not as one burst (SPREAD_SECONDS).
+        self.round = Round(policy, redis=redis, provider=provider, signals=signals, spread_seconds=policy.round_spread)
         self.pacer = pacer  # recovery.pacing.Pacer, shared by the process's loops; None: the policy's cap alone
         self.round.log_failures = False  # its LoopRunner logs a failed round, once per incident
-        # A round's re-dispatches reach the workers over most of the period, not as one burst (SPREAD_SECONDS).
-        self.round.actions.spread_seconds = policy.round_spread
         self.rounds = 0
         self.busy = 0  # ticks skipped because another session ran this domain
         self.last: RoundResult | None = None

@@ -7,9 +7,10 @@ the same host. Only recovery itself can give that CPU back: by sending less.
 
 So each recovery loop asks its process's ``Pacer`` how many jobs its round may
 re-dispatch. The pacer looks at where the user feels it: new work's wait from
-commit (or from its due time) to its first line, the 90th percentile over the
-first attempts dispatched in the last ``RECOVERY_PACE_WINDOW`` seconds (jobs
-still waiting count with their wait so far), on PostgreSQL's clock. It compares it with the
+commit (or from its due time) to its first line, at ``RECOVERY_PACE_QUANTILE``
+(the 99th percentile by default) over the first attempts dispatched in the last
+``RECOVERY_PACE_WINDOW`` seconds (jobs still waiting count with their wait so
+far), on PostgreSQL's clock. It compares it with the
 quietest such wait it has seen (a baseline that drifts up slowly, so a load
 that became heavier for good is accepted within minutes):
 
@@ -17,6 +18,9 @@ that became heavier for good is accepted within minutes):
   work is being slowed, and the domain's share of its per-round cap is halved;
 - otherwise (or with too little new work to judge): the share grows back by
   5 % of the cap per second since the domain's last round, to the whole cap.
+
+A domain's share starts at the floor when the process starts (a slow start), so
+the quietest wait is one seen with little recovered work beside it.
 
 The share never falls below ``RECOVERY_PACE_MIN_SHARE`` of the cap (at least one
 job): under saturation recovery still re-dispatches that much per round, and
@@ -29,6 +33,7 @@ operator who runs it wants the batch now.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -66,12 +71,15 @@ class Sample:
     wait_ms: float | None  # the window's QUANTILE of new work's commit -> start; None: no first attempt in it
 
 
-def measure(window: float) -> Sample:
-    """New work's wait at the workers over the last ``window`` seconds (database clock)."""
+def measure(window: float, quantile: float = QUANTILE) -> Sample:
+    """New work's wait at the workers over the last ``window`` seconds (database clock), at ``quantile``."""
     with connection.cursor() as cursor:
-        cursor.execute(WAIT_SQL, {"q": QUANTILE, "window": window})
+        cursor.execute(WAIT_SQL, {"q": quantile, "window": window})
         count, wait = cursor.fetchone()
     return Sample(int(count), None if wait is None else float(wait) * 1000.0)
+
+
+_measure_at = measure  # the Pacer's own look (its ``measure`` argument shadows the name)
 
 
 @dataclass(frozen=True)
@@ -80,13 +88,14 @@ class Allowance:
     congested: bool
     wait_ms: float | None
     baseline_ms: float | None
+    quantile: float = QUANTILE
 
     def describe(self) -> str:
         if self.wait_ms is None or self.baseline_ms is None:
             return f"paced to {self.limit}"
         state = "new work slowed" if self.congested else "headroom"
         return (
-            f"paced to {self.limit} ({state}: new work's p90 start wait {self.wait_ms:.1f} ms, "
+            f"paced to {self.limit} ({state}: new work's p{self.quantile * 100:g} start wait {self.wait_ms:.1f} ms, "
             f"quietest {self.baseline_ms:.1f} ms)"
         )
 
@@ -101,7 +110,9 @@ class Pacer:
         tolerance: float,
         slack_ms: float,
         min_share: float,
-        measure: Callable[[float], Sample] = measure,
+        quantile: float = QUANTILE,
+        start_share: float | None = None,
+        measure: Callable[[float], Sample] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sample_seconds: float = SAMPLE_SECONDS,
     ):
@@ -109,7 +120,10 @@ class Pacer:
         self.tolerance = tolerance
         self.slack_ms = slack_ms
         self.min_share = min_share
-        self._measure = measure
+        self.quantile = quantile
+        # A domain's share before its first round: the floor unless told (a slow start, see ``allowance``).
+        self.start_share = min_share if start_share is None else start_share
+        self._measure = measure or functools.partial(_measure_at, quantile=quantile)
         self.clock = clock
         self.sample_seconds = sample_seconds
         self._lock = threading.Lock()
@@ -128,6 +142,7 @@ class Pacer:
             tolerance=conf.RECOVERY_PACE_TOLERANCE,
             slack_ms=conf.RECOVERY_PACE_SLACK_MS,
             min_share=conf.RECOVERY_PACE_MIN_SHARE,
+            quantile=conf.RECOVERY_PACE_QUANTILE,
         )
 
     def _look(self) -> tuple[Sample | None, bool]:
@@ -166,11 +181,15 @@ class Pacer:
         floor = min(cap, max(1, math.ceil(cap * self.min_share)))
         with self._lock:
             now = self.clock()
-            share, since = self._shares.get(domain, (1.0, now))
+            # A domain's first round starts at the floor (a slow start): the first looks then see new work's wait
+            # with little recovered work beside it, so the quietest wait is measured, not assumed, and the share
+            # earns its way up. Starting at the whole cap made the quietest a storm's own wait.
+            share, since = self._shares.get(domain, (self.start_share, now))
             if congested:
                 share = max(self.min_share, share / 2)
             else:
                 share = min(1.0, share + GROWTH_PER_SECOND * max(0.0, now - since))
             self._shares[domain] = (share, now)
         limit = max(floor, min(cap, math.floor(cap * share)))
-        return Allowance(limit, congested, None if sample is None else sample.wait_ms, self.baseline_ms)
+        wait = None if sample is None else sample.wait_ms
+        return Allowance(limit, congested, wait, self.baseline_ms, self.quantile)

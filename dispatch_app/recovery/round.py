@@ -33,7 +33,8 @@ import dispatch_app.recovery.evidence as evidence
 import dispatch_app.store.events as events
 import dispatch_app.store.jobs as job_rows
 from dispatch_app.models import RecoveryRound
-from dispatch_app.recovery.actions import ERROR_EVENT, ROUND_FATAL, Actions, Planned
+from dispatch_app.recovery.actions import ROUND_FATAL, Actions, Planned
+from dispatch_app.recovery.event_kinds import ERROR_EVENT
 from dispatch_app.recovery.result import CandidateReport, RoundResult
 
 log = logging.getLogger("dispatch_app.recovery")
@@ -79,6 +80,7 @@ class Round:
         dry_run: bool = False,
         process: str | None = None,
         signals: RoundSignals | None = None,
+        spread_seconds: float = 0.0,
     ):
         self.policy = policy
         self.domain = policy.domain
@@ -87,7 +89,7 @@ class Round:
         self.dry_run = dry_run
         self.process = process or process_name()
         self.signals = signals or RoundSignals()
-        self.actions = Actions(self.domain, self._failed)
+        self.actions = Actions(self.domain, self._failed, spread_seconds=spread_seconds)
         # A loop's runner logs the failure of a round once per incident (runtime.incident); ``recover --once`` has
         # no runner, so by default the round logs its own.
         self.log_failures = True
@@ -142,7 +144,7 @@ class Round:
     def _run(self, result: RoundResult) -> None:
         self._record(result, final=False)
         failpoints.hit(f"recovery_round_{self.domain}")
-        found = discovery.discover(self.policy)
+        found = discovery.discover(self.policy, self._paced_batch())
         result.has_more = found.has_more
         result.oldest_candidate_age = found.oldest_age
         if self.signals.after_discovery is not None:
@@ -274,6 +276,13 @@ class Round:
             report.outcome = "deferred"
             return None
         return Planned(candidate, report, state, seen, decision)
+
+    def _paced_batch(self) -> int | None:
+        """Candidates a paced round looks at: no more than it may re-dispatch, so a round cut to 3 does not read and
+        gather evidence for 25 only to defer 22 (that work took CPU from new work too). None: the policy's batch."""
+        if self.pace is None or not 0 < self.pace.limit < self.policy.redispatch_cap:
+            return None
+        return self.pace.limit
 
     def _record(self, result: RoundResult, *, final: bool) -> None:
         if self.dry_run:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from django import template
 
 from dispatch_app.ops.timeline import format_duration
-from dispatch_app.recovery.actions import COUNT_EVENTS
+from dispatch_app.recovery.event_kinds import COUNT_EVENTS
 
 register = template.Library()
 

@@ -31,7 +31,8 @@ class Clock:
 
 
 def pacer(looks, clock=None, **kw) -> Pacer:
-    options = dict(window=5.0, tolerance=1.25, slack_ms=2.0, min_share=0.1)
+    """A pacer whose domains start at their whole cap (the arithmetic from there); slow start has its own test."""
+    options = dict(window=5.0, tolerance=1.25, slack_ms=2.0, min_share=0.1, start_share=1.0)
     options.update(kw)
     return Pacer(measure=looks, clock=clock or Clock(), sample_seconds=1.0, **options)
 
@@ -108,7 +109,36 @@ def test_settings_switch_it_off():
 
     assert Pacer.from_settings(validate({"RECOVERY_PACING": False})) is None
     on = Pacer.from_settings(validate({"RECOVERY_PACE_TOLERANCE": 2, "RECOVERY_PACE_MIN_SHARE": 0.5}))
-    assert (on.tolerance, on.min_share, on.window, on.slack_ms) == (2.0, 0.5, 5.0, 2.0)
+    assert (on.tolerance, on.min_share, on.window, on.slack_ms, on.quantile) == (2.0, 0.5, 5.0, 0.5, 0.99)
+
+
+def test_the_quantile_setting_reaches_the_look_and_the_rounds_words():
+    from dispatch_app.conf import validate
+
+    p90 = Pacer.from_settings(validate({"RECOVERY_PACE_QUANTILE": 0.9}))
+    assert p90.quantile == 0.9 and p90._measure.keywords == {"quantile": 0.9}
+    p = pacer(Looks(4.0, 40.0), quantile=0.9)
+    p.allowance("d", 10)
+    p.clock.now += 1.0
+    assert "new work's p90 start wait 40.0 ms" in p.allowance("d", 10).describe()
+
+
+def test_a_domain_starts_at_the_floor_so_the_quietest_wait_is_seen_before_the_share_grows():
+    clock = Clock()
+    # Quiet while the share grows; slowed once it is large; quiet again after the halving.
+    looks = Looks(4.0, 4.0, 4.0, 4.0, 4.0, 30.0, 4.0)
+    p = pacer(looks, clock, start_share=None)
+    assert p.start_share == p.min_share == 0.1
+    assert rounds(p, clock, "fast", 20, 1) == [2]  # the floor: 10 % of 20
+    clock.now += 9.0  # the share grows by the seconds since the domain's last round
+    assert rounds(p, clock, "fast", 20, 1) == [round(20 * (0.1 + GROWTH_PER_SECOND * 10))]
+    assert rounds(p, clock, "fast", 20, 3) == [13, 14, 15]
+    assert p.baseline_ms == 4.0
+    assert p.allowance("fast", 20).limit == 7  # slowed: halved from 0.75 (15 jobs) to 0.375
+    from dispatch_app.conf import validate
+
+    configured = Pacer.from_settings(validate({}))
+    assert configured.start_share == configured.min_share  # the setting's pacer starts slow too
 
 
 def test_the_share_grows_back_by_the_seconds_since_the_last_round_not_by_rounds():
