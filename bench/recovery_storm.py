@@ -24,6 +24,9 @@ Variants, run interleaved, ``--repeat`` times:
   all due at once, as before the spread): what spreading a round saves;
 - ``tail@R``: as ``fast``, with the pacer reading new work's p99
   (``RECOVERY_PACE_QUANTILE`` = 0.99) instead of its p90;
+- ``own@R``: as ``fast``, with recovered work on a worker process of its own: the two domain
+  workers ``runworkers --new-lanes-only``, a third ``runworkers --queues <every>.recovery
+  --nice 10``;
 - ``fast, saturated``: the recovery lane of ``delivery`` filled first, then new
   jobs faster than the delivery worker can run them: the share recovered work
   still gets (RECOVERY_LANE_EVERY) is ``recovered_share_pct``.
@@ -49,7 +52,7 @@ from bench.workers import Workers
 
 NAME = "recovery-storm"
 RATES = (100, 200)
-MODES = ("none", "defaults", "fast", "unpaced", "burst", "tail")
+MODES = ("none", "defaults", "fast", "unpaced", "burst", "tail", "own")
 VARIANTS = [f"{mode}@{r}" for r in RATES for mode in MODES] + ["fast, saturated"]
 STALE_SECONDS = 600.0
 FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
@@ -114,7 +117,7 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         if mode != "none":
             seed_stale(per_domain, domains)
-        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "tail")
+        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "tail", "own")
         overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if fast else {})}
         if mode == "burst":
             overrides["SPREAD_SECONDS"] = 0.0
@@ -141,8 +144,12 @@ def run(ctx: Context) -> list[dict]:
                 if not wait_until(lambda: _lane_depth(env, late) >= saturated_backlog, timeout=120, interval=0.1):
                     raise RuntimeError(f"the recovery lane never reached {saturated_backlog} jobs")
             others = [d for d in domains if d != "delivery"]
-            workers.append(Workers(env, "pipeline", ["delivery"], 1, run_stamps=stamps.name))
-            workers.append(Workers(env, "pipeline", others, 1, run_stamps=stamps.name))
+            own = ("--new-lanes-only",) if mode == "own" else ()
+            workers.append(Workers(env, "pipeline", ["delivery"], 1, run_stamps=stamps.name, args=own))
+            workers.append(Workers(env, "pipeline", others, 1, run_stamps=stamps.name, args=own))
+            if mode == "own":
+                late = [lanes.queue_name(d, lanes.RECOVERY) for d in domains]
+                workers.append(Workers(env, "pipeline", late, 1, run_stamps=stamps.name, args=("--nice", "10")))
             producer = Proc(["bench.producer", json.dumps({"domain": "delivery"})], env.child_env())
             count = max(5, int(rate * seconds))
             t_go = time.time()

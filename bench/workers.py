@@ -43,9 +43,11 @@ class Workers:
         *,
         extra_env: dict | None = None,
         run_stamps: str | None = None,
+        args: tuple[str, ...] = (),
     ):
         """``run_stamps``: a file the workers append a line to as each job's work begins: the fault suite's
-        ledger ("domain job attempt pid time", tests/acceptance/faults/site/sitecustomize.py)."""
+        ledger ("domain job attempt pid time", tests/acceptance/faults/site/sitecustomize.py). ``args``: more of
+        runworkers' options (``pipeline`` only)."""
         if kind == "pipeline" and not pipeline_available():
             raise Unavailable(
                 "not available: dispatch_app.worker.rqworker / manage.py runworkers are not in this checkout"
@@ -62,7 +64,7 @@ class Workers:
             paths = [str(site), str(ROOT), child_env.get("PYTHONPATH", "")]
             child_env.update(PF_FAULTS_LEDGER=run_stamps, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         commands = (
-            [["manage.py", "runworkers", "--queues", ",".join(queues), "--processes", str(processes)]]
+            [["manage.py", "runworkers", "--queues", ",".join(queues), "--processes", str(processes), *args]]
             if kind == "pipeline"
             else [["manage.py", "rqworker", *queues, *SIMPLE] for _ in range(processes)]
         )

@@ -205,3 +205,30 @@ def test_the_dashboard_shows_the_recovery_lane_of_a_domain(redis_conn, provider,
     row = page.content.decode().split('id="pf-rq-delivery"', 1)[1].split("</tr>", 1)[0]
     assert "(2 in the recovery lane, oldest" in row
     assert ">3</a>" in row  # the depth counts both lanes
+
+
+def test_a_worker_told_new_lanes_only_listens_on_the_domain_queue_alone(redis_conn):
+    both = PipelineWorker(["delivery"], connection=redis_conn, name="both-lanes")
+    new_only = PipelineWorker(["delivery"], connection=redis_conn, name="new-only", late_lanes=False)
+    assert [q.name for q in both.queues] == ["delivery", RECOVERY]
+    assert [q.name for q in new_only.queues] == ["delivery"]
+
+
+def test_runworkers_gives_recovered_work_workers_of_its_own(monkeypatch):
+    from django.core.management import CommandError, call_command
+
+    import dispatch_app.management.commands.runworkers as command
+
+    plans = []
+    monkeypatch.setattr(command, "run", plans.append)
+    monkeypatch.setattr(command, "require_migrated", lambda: None)
+    call_command("runworkers", "--queues", "delivery", "--new-lanes-only", "--processes", "1")
+    call_command("runworkers", "--queues", RECOVERY, "--nice", "10", "--processes", "1")
+    call_command("runworkers", "--queues", "delivery", "--processes", "1")
+    assert [(p.queues, p.late_lanes, p.nice) for p in plans] == [
+        (("delivery",), False, 0),
+        ((RECOVERY,), True, 10),
+        (("delivery",), True, 0),
+    ]
+    with pytest.raises(CommandError, match="niceness 1-19, got 25"):
+        call_command("runworkers", "--queues", RECOVERY, "--nice", "25")

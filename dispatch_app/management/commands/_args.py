@@ -25,6 +25,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def niceness(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a niceness 1-19, got {text!r}") from None
+    if not 1 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be a niceness 1-19, got {value}")
+    return value
+
+
 def port_number(text: str) -> int:
     try:
         value = int(text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dispatch_app.management.commands._args import positive_int
+from dispatch_app.management.commands._args import niceness, positive_int
 from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.worker.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
 
@@ -28,6 +28,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-jobs", type=positive_int, help="a worker process exits after this many jobs and is replaced"
         )
+        parser.add_argument(
+            "--new-lanes-only",
+            action="store_true",
+            help="a domain queue brings its new lane alone, not its recovery lane (give recovered work workers of "
+            "its own: runworkers --queues delivery.recovery --nice 10)",
+        )
+        parser.add_argument(
+            "--nice", type=niceness, default=0, help="run the worker processes this much nicer, 1-19 (default: not)"
+        )
         parser.add_argument("--burst", action="store_true", help="drain the queues, then exit")
         parser.add_argument("--log-level", default="INFO", help="worker log level (default INFO)")
 
@@ -43,6 +52,8 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_jobs=options["max_jobs"],
             logging_level=options["log_level"].upper(),
+            late_lanes=not options["new_lanes_only"],
+            nice=options["nice"],
         )
         require_migrated()  # after the queues' own checks
         run(plan)

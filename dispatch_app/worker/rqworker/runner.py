@@ -46,6 +46,8 @@ class Plan:
     burst: bool = False
     max_jobs: int | None = None
     logging_level: str = "INFO"
+    late_lanes: bool = True  # False: a domain queue brings its new lane alone (--new-lanes-only)
+    nice: int = 0  # added to the worker processes' niceness before they start (--nice)
 
 
 def parse_queues(text: str | None) -> tuple[str, ...]:
@@ -88,7 +90,9 @@ def connect(queues=()) -> redis.Redis:
     return redis.Redis.from_url(one_server(tuple(queues)) if queues else settings.REDIS_URL)
 
 
-def build_worker(queues, connection: redis.Redis | None = None, name: str | None = None) -> PipelineWorker:
+def build_worker(
+    queues, connection: redis.Redis | None = None, name: str | None = None, *, late_lanes: bool = True
+) -> PipelineWorker:
     """A PipelineWorker with the project's settings; waits for Redis if it is down at start-up."""
     conf = dispatch_settings()
     delay = 0.5
@@ -99,6 +103,7 @@ def build_worker(queues, connection: redis.Redis | None = None, name: str | None
                 name=name or worker_name(),
                 connection=connection or connect(queues),
                 serializer=JSONSerializer,
+                late_lanes=late_lanes,
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.error(
@@ -112,15 +117,15 @@ def build_worker(queues, connection: redis.Redis | None = None, name: str | None
 
 
 def run_one(plan: Plan) -> bool:
-    worker = build_worker(plan.queues)
+    worker = build_worker(plan.queues, late_lanes=plan.late_lanes)
     freeze_startup("worker")
     return worker.work(burst=plan.burst, max_jobs=plan.max_jobs, logging_level=plan.logging_level)
 
 
-def _pool_child(name, queue_names, burst=True, logging_level="INFO", max_jobs=None):
+def _pool_child(name, queue_names, burst=True, logging_level="INFO", max_jobs=None, late_lanes=True):
     # A forked child: Django is set up and the parent holds no database connection
     # (closed before the pool started), so this child opens its own.
-    worker = build_worker(queue_names)
+    worker = build_worker(queue_names, late_lanes=late_lanes)
     freeze_startup("worker")
     worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level)
 
@@ -142,13 +147,21 @@ class ProjectWorkerPool(WorkerPool):
         return ForkProcess(
             target=_pool_child,
             args=(name, list(self.plan.queues)),
-            kwargs={"burst": burst, "logging_level": logging_level, "max_jobs": self.plan.max_jobs},
+            kwargs={
+                "burst": burst,
+                "logging_level": logging_level,
+                "max_jobs": self.plan.max_jobs,
+                "late_lanes": self.plan.late_lanes,
+            },
             name=f"PipelineWorker {name} (pool {self.name})",
         )
 
 
 def run(plan: Plan) -> int:
     """Exit status: 0 after a warm shutdown or a finished burst."""
+    if plan.nice:
+        # Before any worker forks: every one of them inherits it (recovered work's own workers yield the CPU).
+        os.nice(plan.nice)
     log.info(
         "runworkers: %d process(es) on %s%s%s",
         plan.processes,

@@ -66,7 +66,15 @@ log = logging.getLogger("dispatch_app.rqworker")
 
 
 class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
-    def __init__(self, queues, *args, prefetch: int | None = None, heartbeat_interval: float | None = None, **kwargs):
+    def __init__(
+        self,
+        queues,
+        *args,
+        prefetch: int | None = None,
+        heartbeat_interval: float | None = None,
+        late_lanes: bool = True,
+        **kwargs,
+    ):
         # JSON always: a job planted in Redis must not be able to run code (pickle), and our
         # publisher writes JSON; a worker on another serializer would fail every job.
         kwargs["serializer"] = kwargs.get("serializer") or JSONSerializer
@@ -93,7 +101,9 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Simpl
         self._in_doubt: tuple | None = None  # (popped, start) of a take whose reply was lost
         self._held: prestart.Held | None = None  # a start made ahead of its take, until the job runs
         self.lane_share = LaneShare(conf.RECOVERY_LANE_EVERY)
-        super().__init__(with_lanes(queues), *args, **kwargs)
+        # late_lanes=False: a domain queue named brings its new lane alone (runworkers --new-lanes-only), its
+        # recovered work left to workers of its own.
+        super().__init__(with_lanes(queues) if late_lanes else list(queues), *args, **kwargs)
 
     # --- connection and lifecycle -------------------------------------------------
     def _set_connection(self, connection):
