@@ -27,7 +27,7 @@ def redispatch_many_sql() -> str:
         "WITH seen(id, attempt, status) AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], "
         "%(statuses)s::text[])), "
         f"moved AS (UPDATE {JOB} j SET attempt = j.attempt + 1, status = 'submitted', error = '', "
-        "vendor_request_id = '', started_at = NULL FROM seen "
+        "vendor_request_id = '', started_at = NULL, updated_at = clock_timestamp() FROM seen "
         "WHERE j.id = seen.id AND j.attempt = seen.attempt AND j.status = seen.status AND j.domain = %(domain)s "
         "RETURNING j.id, j.attempt), "
         f"envelopes AS (INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{columns}) "

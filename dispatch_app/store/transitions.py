@@ -53,7 +53,7 @@ class IllegalTransition(ValueError):
 # Never backwards: a worker may already have started (or finished) the job.
 MARK_QUEUED_CTE = f"""UPDATE {JOB} j
     SET status = CASE WHEN j.status = 'submitted' THEN 'queued' ELSE j.status END,
-        dispatched_at = COALESCE(j.dispatched_at, m.dispatched_at)
+        dispatched_at = COALESCE(j.dispatched_at, m.dispatched_at), updated_at = clock_timestamp()
     FROM marked m
     WHERE j.id = m.job_id AND j.attempt = m.attempt
       AND (j.status = 'submitted' OR j.dispatched_at IS NULL)
@@ -88,7 +88,7 @@ DEAD_LETTER_CTE = f"""UPDATE {JOB} j
 START_SQL = f"""
 UPDATE {JOB} j
 SET status = 'running', started_at = clock_timestamp(),
-    dispatched_at = COALESCE(j.dispatched_at, clock_timestamp())
+    dispatched_at = COALESCE(j.dispatched_at, clock_timestamp()), updated_at = clock_timestamp()
 FROM (SELECT set_config('productflow.worker', %s, true)) AS w
 WHERE j.id = %s AND j.attempt = %s AND j.status IN ('submitted', 'queued')
   AND j.domain = ANY(COALESCE(%s::text[], ARRAY[j.domain]))
@@ -138,7 +138,7 @@ SELECT id FROM back
 # running -> succeeded | failed | outcome_unknown: the worker's outcome for its own attempt.
 FINISH_SQL = f"""
 UPDATE {JOB}
-SET status = %s, finished_at = clock_timestamp(), result = %s, error = %s
+SET status = %s, finished_at = clock_timestamp(), result = %s, error = %s, updated_at = clock_timestamp()
 WHERE id = %s AND attempt = %s AND status = 'running'
 """
 

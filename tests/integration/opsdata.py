@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pgtrigger
 from django.db import connection
 
 from dispatch_app.models import DispatchEnvelope, Job
@@ -29,9 +28,8 @@ def job(domain="delivery", status="submitted", *, attempt=1, updated_ago=None, *
     if sets:
         sql(f"UPDATE dispatch_app_job SET {', '.join(sets)} WHERE id = %s", [row.pk])
     if updated_ago is not None:
-        # The updated_at trigger stamps every UPDATE with clock_timestamp(); bypass it for this one.
-        with pgtrigger.ignore("dispatch_app.Job:job_updated_at_v1"):
-            sql(f"UPDATE dispatch_app_job SET updated_at = {ago(updated_ago)} WHERE id = %s", [row.pk])
+        # The updated_at trigger stamps only an UPDATE that leaves the column as it was: this one keeps its value.
+        sql(f"UPDATE dispatch_app_job SET updated_at = {ago(updated_ago)} WHERE id = %s", [row.pk])
     row.refresh_from_db()
     return row
 

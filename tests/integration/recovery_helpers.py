@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import psycopg
-from django.db import connection, transaction
+from django.db import connection
 from rq import Queue, SimpleWorker
 from rq.job import Job as RQJob
 from rq.job import JobStatus as RQStatus
@@ -36,19 +36,12 @@ def other_connection() -> psycopg.Connection:
 
 
 def age_jobs(job_ids, seconds: float) -> None:
-    """Move updated_at back (the trigger would overwrite it), in one transaction no one else sees half of."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'dispatch_app_job'::regclass "
-            "AND tgname LIKE 'pgtrigger_job_updated_at_v1%%'"
-        )
-        (trigger,) = cursor.fetchone()
-        cursor.execute(f'ALTER TABLE dispatch_app_job DISABLE TRIGGER "{trigger}"')
+    """Move updated_at back: the trigger stamps only an UPDATE that leaves the column as it was, not this one."""
+    with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE dispatch_app_job SET updated_at = clock_timestamp() - make_interval(secs => %s) WHERE id = ANY(%s)",
             [seconds, list(job_ids)],
         )
-        cursor.execute(f'ALTER TABLE dispatch_app_job ENABLE TRIGGER "{trigger}"')
 
 
 def snapshot() -> dict[str, list[tuple]]:
