@@ -39,7 +39,8 @@ __all__ = [
 
 # Versioned so the SQL trigger and the listener can evolve together.
 NOTIFY_CHANNEL = "productflow_dispatch_v1"
-# A NOTIFY payload naming envelopes starts with this (models._NOTIFY_INSERTED writes it, dispatch.announced reads it).
+# A NOTIFY payload naming envelopes starts with this (store.notify_triggers.NOTIFY_INSERTED writes it,
+# dispatch.announced reads it).
 ANNOUNCE_PREFIX = "+"
 
 

@@ -10,10 +10,9 @@ from django.db import models
 from django.db.models import Q
 
 import dispatch_app.store.history_triggers as history_triggers
-from dispatch_app.conf import ANNOUNCE_PREFIX, NOTIFY_CHANNEL
+import dispatch_app.store.notify_triggers as notify_triggers
 from dispatch_app.dbtime import ClockTimestamp
 from dispatch_app.store.trigger_sql import Trigger
-from dispatch_app.tuning import ANNOUNCE_MAX_ROWS
 
 
 class JobStatus(models.TextChoices):
@@ -98,48 +97,6 @@ class Job(models.Model):
         return f"{self.domain} job {self.pk} (attempt {self.attempt}, {self.status})"
 
 
-# Conditional NOTIFY (issue 10): a notifying commit takes PostgreSQL's cluster-wide
-# notify lock and loses group commit, so a writer announces work only while some
-# dispatcher is idle and armed (dispatch_app.dispatch.arming, which also explains
-# the hand-over that makes skipping it safe). The check is a plain read: writers
-# never contend on it. A writer in REPEATABLE READ/SERIALIZABLE may read an arm
-# state older than its own xid, which the arming fence cannot see: it always notifies.
-_ANNOUNCE_IF_NEEDED = (
-    "IF current_setting('transaction_isolation') <> 'read committed' OR EXISTS ("
-    "SELECT 1 FROM dispatch_app_notifyarm WHERE armed_until > statement_timestamp()) THEN "
-)
-# A small insert (a submit, a worker's retry) announces its envelopes themselves, as
-# "+" and a JSON list of [envelope id, job id, attempt, domain, queue]: an idle
-# dispatcher sends them to RQ at once and claims them after (dispatch.announced),
-# so the claim's round trip is off the job's path. Only envelopes claimable now and
-# of a domain not paused; the rest (delayed, paused, a big insert) are announced by
-# domain as before: "worth a scan" (a small insert: up to tuning.ANNOUNCE_MAX_ROWS rows). Either way the
-# table stays the record.
-_NOTIFY_INSERTED = (
-    _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', x.payload) FROM ("
-    " WITH pending AS (SELECT id, job_id, attempt, domain, queue,"
-    f"  (SELECT count(*) FROM new_rows) <= {ANNOUNCE_MAX_ROWS} AND available_at <= clock_timestamp()"
-    "  AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause) AS listed"
-    "  FROM new_rows WHERE status = 'pending')"
-    f" SELECT '{ANNOUNCE_PREFIX}' || json_agg(json_build_array(id, job_id, attempt, domain, queue) ORDER BY id)"
-    " AS payload"
-    " FROM pending WHERE listed HAVING count(*) > 0"
-    " UNION ALL SELECT DISTINCT domain FROM pending WHERE NOT listed"
-    ") x; END IF; RETURN NULL;"
-)
-# Work that became claimable now without an INSERT: re-armed to pending (admin,
-# recovery), a lease given back (shutdown), made due now (admin), or a failed
-# send with no backoff. A claim (leased) or a backoff into the future stays
-# silent: nothing is claimable yet, and the fallback tick covers backoffs.
-_NOTIFY_REARMED = (
-    _ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', d.domain) FROM ("
-    " SELECT DISTINCT n.domain FROM new_rows n JOIN old_rows o ON o.id = n.id"
-    " WHERE n.status = 'pending' AND n.lease_token IS NULL AND n.available_at <= clock_timestamp()"
-    " AND (o.status <> 'pending' OR o.lease_token IS NOT NULL OR n.available_at < o.available_at)"
-    ") d; END IF; RETURN NULL;"
-)
-
-
 class DispatchEnvelope(models.Model):
     """The durable intent "send job J, attempt N, to queue Q"."""
 
@@ -194,15 +151,15 @@ class DispatchEnvelope(models.Model):
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,
                 referencing=pgtrigger.Referencing(new="new_rows"),
-                func=_NOTIFY_INSERTED,
+                func=notify_triggers.NOTIFY_INSERTED,
             ),
             Trigger(
-                name="envelope_notify_rearm_v3",
-                level=pgtrigger.Statement,
+                name="envelope_notify_rearm_v4",
+                level=pgtrigger.Row,
                 when=pgtrigger.After,
                 operation=pgtrigger.Update,
-                referencing=pgtrigger.Referencing(old="old_rows", new="new_rows"),
-                func=_NOTIFY_REARMED,
+                condition=pgtrigger.Condition(notify_triggers.REARMED_WHEN),
+                func=notify_triggers.NOTIFY_REARMED,
             ),
             Trigger(
                 name="envelope_attempt_due_v1",

@@ -2,7 +2,7 @@
 
 A small insert (a submit, a worker's retry: at most ANNOUNCE_MAX_ROWS envelopes,
 claimable now, of a domain not paused) names its envelopes in the payload
-(``models._NOTIFY_INSERTED``). The listener hands them to the dispatch loop with
+(``store.notify_triggers.NOTIFY_INSERTED``). The listener hands them to the dispatch loop with
 its wake; the loop sends them at once and then claims and marks them as usual,
 without sending them again. The claim's round trip, about a third of the
 dispatcher's hop, is then off the job's path from commit to start.

@@ -11,6 +11,7 @@ source and fails naming any that appears elsewhere). Each move is a compare-and-
 - ``claim``: the dispatcher's envelope statements (claim, mark, fail, release).
 - ``events``: a job's history rows (``JobEvent``).
 - ``history_triggers``: the attempt history (``JobAttempt``), written by PostgreSQL triggers.
+- ``notify_triggers``: the envelope triggers that wake the dispatchers (NOTIFY, delivered on commit).
 - ``trigger_sql``: how those triggers are installed (django-pgtrigger's SQL without its per-call ignore check).
 - ``vendor_calls``: the vendor-call ledger.
 - ``retention``: pruning what no one reads any more.

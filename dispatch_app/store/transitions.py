@@ -79,10 +79,10 @@ DEAD_LETTER_CTE = f"""UPDATE {JOB} j
 #   - pending and leased (a dispatcher claimed it while it was due, and is sending it), or
 #   - pending and claimed before (send_attempts > 0: a send whose reply was lost may have reached RQ), or
 #   - pending and due now (available_at <= the database clock): sent ahead of its claim. A writer's NOTIFY
-#     names an envelope only when it is due and its domain not paused (models._NOTIFY_INSERTED), and an idle
-#     dispatcher sends it before claiming it (dispatch.loop._send_announced), so it is still pending, never
-#     leased, when its job starts (DESIGN.md, "A sent-ahead envelope is still pending"). Accepting it admits
-#     nothing the dispatcher would not send at its next claim anyway.
+#     names an envelope only when it is due and its domain not paused (store.notify_triggers.NOTIFY_INSERTED),
+#     and an idle dispatcher sends it before claiming it (dispatch.loop._send_announced), so it is still
+#     pending, never leased, when its job starts (DESIGN.md, "A sent-ahead envelope is still pending").
+#     Accepting it admits nothing the dispatcher would not send at its next claim anyway.
 # So a job scheduled for later, one whose envelope is dead or missing, or one of a paused domain does not
 # start, whoever names it. A refused start changes nothing (no row); the worker asks why (START_REFUSAL_SQL).
 START_SQL = f"""

@@ -17,9 +17,10 @@ from dispatch_app import submit, submit_many
 from dispatch_app.conf import NOTIFY_CHANNEL, dispatch_settings
 from dispatch_app.dispatch import announced
 from dispatch_app.dispatch.listener import Listener, listener_conninfo
-from dispatch_app.models import ANNOUNCE_MAX_ROWS, DispatchEnvelope, DomainPause
+from dispatch_app.models import DispatchEnvelope, DomainPause
 from dispatch_app.runtime.wake import CATCH_UP, HANDOVER, NOTIFY, Wake
 from dispatch_app.store.claim import Claimed
+from dispatch_app.tuning import ANNOUNCE_MAX_ROWS
 from tests.factories import PAYLOADS
 
 pytestmark = pytest.mark.django_db(transaction=True)

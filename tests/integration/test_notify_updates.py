@@ -67,3 +67,20 @@ def test_a_dead_envelope_rearmed_notifies(claimed, listen, sentinel):  # noqa: F
     )
     sentinel()
     assert received_until_sentinel(listen) == ["delivery", SENTINEL]
+
+
+def test_a_give_back_of_many_notifies_once_per_domain_and_a_mark_is_silent(armed, listen, sentinel):  # noqa: F811
+    for domain in ("delivery", "delivery", "delivery", "workflow"):
+        submit(domain, PAYLOADS[domain])
+    sentinel()
+    received_until_sentinel(listen)
+    batch = claim.claim_batch(10, 60)
+    assert len(batch.envelopes) == 4
+    kept = [e for e in batch.envelopes if e.domain == "workflow"]
+    given = [e.envelope_id for e in batch.envelopes if e.domain == "delivery"]
+    assert claim.release(given, batch.token) == 3
+    sentinel()
+    assert received_until_sentinel(listen) == ["delivery", SENTINEL]
+    claim.mark_dispatched([e.envelope_id for e in kept], batch.token)
+    sentinel()
+    assert received_until_sentinel(listen) == [SENTINEL], "a mark makes nothing claimable"

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.payloads",
             "dispatch_app.store.history_triggers",
             "dispatch_app.store.trigger_sql",
+            "dispatch_app.store.notify_triggers",
             "dispatch_app.liveness",
             "dispatch_app.redis_servers",
             "dispatch_app.rq_internals",
