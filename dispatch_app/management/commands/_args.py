@@ -25,24 +25,26 @@ def positive_float(text: str) -> float:
     return value
 
 
-def niceness(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a niceness 1-19, got {text!r}") from None
-    if not 1 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"must be a niceness 1-19, got {value}")
-    return value
+def int_between(low: int, high: int, what: str):
+    """A validator of a whole number from ``low`` to ``high``; ``what`` names it in the errors ("a port number")."""
+    span = f"{what} {low}-{high}".strip()
+    expected = f"{what or 'a whole number'} {low}-{high}"
+
+    def validate(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    validate.__name__ = what or f"int {low}-{high}"
+    return validate
 
 
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
-    return value
+niceness = int_between(1, 19, "a niceness")
+port_number = int_between(1, 65535, "a port number")
 
 
 def domain_list(text: str) -> list[str]:

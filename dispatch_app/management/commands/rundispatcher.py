@@ -22,6 +22,7 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.management.commands._args import (
     SettingsErrorExit2,
     domain_list,
+    int_between,
     port_number,
     positive_float,
     positive_int,
@@ -33,14 +34,7 @@ log = logging.getLogger("dispatch_app.rundispatcher")
 EXIT_HUNG = 3
 
 
-def nice_increment(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number 0-19, got {text!r}") from None
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"must be 0-19, got {value}")
-    return value
+nice_increment = int_between(0, 19, "")
 
 
 class Command(SettingsErrorExit2, BaseCommand):
