@@ -83,3 +83,7 @@ def test_quick_run_records_every_scenario_and_variant(tmp_path):
     if ours["metrics"]:
         missing = [name for name, _, _ in HOPS if ours["metrics"].get(f"w1_{name}_p50_ms_at200") is None]
         assert not missing, f"hops not measured: {missing}"
+        # The claim is dated only for envelopes that were claimed; one sent ahead of its claim has none to date.
+        claimed = ours["metrics"].get("w1_commit_to_claimed_p50_ms_at200")
+        assert claimed is None or claimed >= 0, f"commit -> claimed read {claimed} ms"
+        assert 0 <= ours["metrics"]["w1_claimed_share_at200"] <= 1
