@@ -162,12 +162,12 @@ class DispatchEnvelope(models.Model):
                 func=notify_triggers.NOTIFY_REARMED,
             ),
             Trigger(
-                name="envelope_attempt_due_v1",
-                level=pgtrigger.Statement,
+                name="envelope_attempt_due_v2",
+                level=pgtrigger.Row,
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,
-                referencing=pgtrigger.Referencing(new="new_rows"),
-                func=history_triggers.ENVELOPE_INSERT_FUNC,
+                condition=pgtrigger.Condition(history_triggers.ENVELOPE_DUE_WHEN),
+                func=history_triggers.ENVELOPE_DUE_FUNC,
             ),
         ]
 

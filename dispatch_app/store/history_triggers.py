@@ -4,9 +4,9 @@ Every writer of a job or an envelope (dispatcher, worker, recovery, operator
 actions, a psql session) is covered because the history is written by
 PostgreSQL itself, never by application code. The hot paths stay cheap:
 
-- submit: one statement-level trigger per INSERT statement; it writes a row only
-  for envelopes created with a delay (scheduled submit, retry backoff), because
-  only then is the due time worth remembering before the lease overwrites it.
+- submit: nothing, unless the envelope is created with a delay (scheduled submit,
+  retry backoff): only then is the due time worth remembering before the lease
+  overwrites it (a row trigger whose WHEN PostgreSQL checks without a call).
 - the dispatcher's mark: nothing. The job row trigger does not fire for
   submitted→queued; the attempt's dispatch time is the envelope's dispatched_at,
   copied into the attempt when it starts or ends (one index probe there).
@@ -104,12 +104,14 @@ JOB_FUNC = f"""
     RETURN NULL;
 """
 
-# AFTER INSERT (statement) on envelopes: remember when a delayed envelope becomes due (the lease and
-# backoffs overwrite available_at later). Envelopes due at once write nothing here.
-ENVELOPE_INSERT_FUNC = f"""
+# AFTER INSERT of an envelope created with a delay: remember when it becomes due (the lease and backoffs
+# overwrite available_at later). A row trigger whose WHEN PostgreSQL checks itself, so an envelope due at once
+# (nearly every submit) calls nothing; as a statement trigger it ran a PL/pgSQL call and an INSERT ... SELECT
+# over the statement's new rows on every submit to find none (docs/benchmarks.md, "A submit calls one trigger").
+ENVELOPE_DUE_WHEN = "NEW.available_at > NEW.created_at"
+ENVELOPE_DUE_FUNC = f"""
 INSERT INTO {ATTEMPT} AS a {_COLUMNS}
-SELECT n.job_id, n.attempt, n.domain, n.created_at, n.available_at, NULL, NULL, '', NULL, '', ''
-FROM new_rows n WHERE n.available_at > n.created_at
+VALUES (NEW.job_id, NEW.attempt, NEW.domain, NEW.created_at, NEW.available_at, NULL, NULL, '', NULL, '', '')
 ON CONFLICT (job_id, attempt) DO UPDATE SET due_at = EXCLUDED.due_at;
 RETURN NULL;
 """

@@ -3,11 +3,14 @@ database unless the statement set it (store.trigger_sql, models.Job)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from pgtrigger.core import INSTALLED
 
-from dispatch_app.models import DispatchEnvelope, Job
+from dispatch_app import outbox
+from dispatch_app.models import DispatchEnvelope, Job, JobAttempt
 from dispatch_app.store import transitions
 from tests.factories import PAYLOADS
 
@@ -87,3 +90,15 @@ def test_the_stores_start_and_finish_move_updated_at_themselves():
         assert transitions.finish(cursor, job.pk, 1, "succeeded")
     ages.append(_row("SELECT updated_at, clock_timestamp() FROM dispatch_app_job WHERE id = %s", [job.pk]))
     assert ages[0] < ages[1] < ages[2][0] <= ages[2][1]
+
+
+def test_a_submit_writes_an_attempt_row_only_for_an_envelope_created_with_a_delay():
+    # One statement inserting both: the due-time trigger's WHEN picks the delayed envelope's row alone.
+    now, later = outbox.submit_many(
+        [("delivery", dict(PAYLOADS["delivery"])), ("delivery", dict(PAYLOADS["delivery"]), timedelta(seconds=30))]
+    )
+    rows = list(JobAttempt.objects.filter(job__in=[now, later]).values_list("job_id", "due_at", "created_at"))
+    assert [row[0] for row in rows] == [later.pk]
+    envelope = DispatchEnvelope.objects.get(job=later)
+    assert rows[0][1] == envelope.available_at and rows[0][2] == envelope.created_at
+    assert 29 < (envelope.available_at - envelope.created_at).total_seconds() < 31
