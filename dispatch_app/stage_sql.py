@@ -90,7 +90,8 @@ WINDOW_STAGES = ("backoff", "outbox", "rq")
 def percentiles(cursor, windows=(5, 60), qs=(0.5, 0.95, 0.99)) -> list[tuple]:
     """Rows (minutes, domain or None for all, stage, count, [percentiles]) over attempts dispatched in the window.
 
-    Windows select on ``dispatched_at`` (index jobattempt_dispatched); percentile_cont interpolates.
+    Windows select on the envelope's ``dispatched_at`` (index envelope_status_dispatched); percentile_cont
+    interpolates.
     """
     cols = ", ".join(
         f"{outbox_unpaused_sql('d') if s == 'outbox' else seconds_sql(s, 'd')} AS {s}" for s in WINDOW_STAGES
