@@ -178,7 +178,9 @@ def _attempt_entries(attempt: st.Attempt, env: DispatchEnvelope | None, now: dat
         )
     due = attempt.due()
     if attempt.due_at is not None and due > attempt.created_at and due <= now:
-        out.append(Entry(due, "stage", f"attempt {n}: due (backoff over)", attempt=n))
+        # Created with a delay: a scheduled submit, a retry's backoff, or a recovery round's spread (not told apart
+        # by the attempt row; the events beside it say which).
+        out.append(Entry(due, "stage", f"attempt {n}: due (its delay is over)", attempt=n))
     if attempt.dispatched_at is not None:
         out.append(Entry(attempt.dispatched_at, "stage", f"attempt {n}: dispatched to RQ", attempt=n))
     if attempt.started_at is not None:

@@ -71,15 +71,12 @@ class Sample:
     wait_ms: float | None  # the window's QUANTILE of new work's commit -> start; None: no first attempt in it
 
 
-def measure(window: float, quantile: float = QUANTILE) -> Sample:
+def measure_wait(window: float, quantile: float = QUANTILE) -> Sample:
     """New work's wait at the workers over the last ``window`` seconds (database clock), at ``quantile``."""
     with connection.cursor() as cursor:
         cursor.execute(WAIT_SQL, {"q": quantile, "window": window})
         count, wait = cursor.fetchone()
     return Sample(int(count), None if wait is None else float(wait) * 1000.0)
-
-
-_measure_at = measure  # the Pacer's own look (its ``measure`` argument shadows the name)
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,7 @@ class Pacer:
         self.quantile = quantile
         # A domain's share before its first round: the floor unless told (a slow start, see ``allowance``).
         self.start_share = min_share if start_share is None else start_share
-        self._measure = measure or functools.partial(_measure_at, quantile=quantile)
+        self._measure = measure or functools.partial(measure_wait, quantile=quantile)
         self.clock = clock
         self.sample_seconds = sample_seconds
         self._lock = threading.Lock()

@@ -170,7 +170,7 @@ def test_a_bad_nice_value_is_a_usage_error(subprocess_env):
         timeout=SAFETY,
     )
     assert proc.returncode == 2
-    assert "--recovery-nice: must be 0-19, got 40" in proc.stderr
+    assert "--recovery-nice: must be a nice increment 0-19, got 40" in proc.stderr
 
 
 def connected_to(pid: int, port: int) -> bool:

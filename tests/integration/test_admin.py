@@ -212,7 +212,7 @@ def test_timeline_shows_each_attempt_with_its_own_stages_and_each_recovery_decis
         "attempt 1: started on host-a.17",  # the earlier attempt's start stays on the page
         "attempt 1: superseded by attempt 2",
         "attempt 2: created",
-        "attempt 2: due (backoff over)",
+        "attempt 2: due (its delay is over)",
         "attempt 2: dispatched to RQ",
         "attempt 2: started on host-b.4",
         "attempt 2: finished: succeeded",

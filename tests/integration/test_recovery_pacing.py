@@ -11,7 +11,7 @@ from dispatch_app import submit
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.models import JobEvent
 from dispatch_app.recovery.loop import RecoveryLoop
-from dispatch_app.recovery.pacing import MIN_SAMPLES, QUANTILE, Pacer, Sample, measure
+from dispatch_app.recovery.pacing import MIN_SAMPLES, QUANTILE, Pacer, Sample, measure_wait
 from dispatch_app.runtime.assembly import add_recovery_loops
 from dispatch_app.runtime.supervisor import Supervisor
 from tests.factories import PAYLOADS
@@ -67,8 +67,8 @@ def test_measure_reads_the_quantile_of_first_attempts_commit_to_start_in_the_win
             [[j.pk for j in jobs[27:]]],
         )
 
-    sample = measure(5.0)
-    p90 = measure(5.0, 0.9)
+    sample = measure_wait(5.0)
+    p90 = measure_wait(5.0, 0.9)
 
     assert sample.count == p90.count == 24
     assert sample.wait_ms == pytest.approx(percentile(waits, QUANTILE), abs=0.01)
@@ -81,7 +81,7 @@ def test_a_job_still_waiting_counts_with_its_wait_so_far(redis_conn):
     set_attempt_times([j.pk for j in jobs[:8]], created_ago=30.0, waits_ms=[2.0] * 8)
     set_attempt_times([j.pk for j in jobs[8:]], created_ago=30.0, waits_ms=[None, None])
 
-    sample = measure(5.0)
+    sample = measure_wait(5.0)
 
     assert sample.count == 10
     # Two of ten still waiting, 30 s so far: the quantile sits between the last start (2 ms) and them.
@@ -161,7 +161,7 @@ def test_a_scheduled_job_waits_from_its_due_time_not_from_its_submit(redis_conn)
         )
         assert cursor.rowcount == 4
 
-    sample = measure(5.0)
+    sample = measure_wait(5.0)
 
     # From the submit the scheduled ones would read 13 ms (13 ms); from the due time, 3 ms like the others.
     assert sample.count == 8 and sample.wait_ms == pytest.approx(3.0, abs=0.01)

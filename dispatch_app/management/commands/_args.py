@@ -27,19 +27,18 @@ def positive_float(text: str) -> float:
 
 def int_between(low: int, high: int, what: str):
     """A validator of a whole number from ``low`` to ``high``; ``what`` names it in the errors ("a port number")."""
-    span = f"{what} {low}-{high}".strip()
-    expected = f"{what or 'a whole number'} {low}-{high}"
+    span = f"{what} {low}-{high}"
 
     def validate(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {span}, got {text!r}") from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
         return value
 
-    validate.__name__ = what or f"int {low}-{high}"
+    validate.__name__ = what
     return validate
 
 

@@ -34,7 +34,7 @@ log = logging.getLogger("dispatch_app.rundispatcher")
 EXIT_HUNG = 3
 
 
-nice_increment = int_between(0, 19, "")
+nice_increment = int_between(0, 19, "a nice increment")
 
 
 class Command(SettingsErrorExit2, BaseCommand):
