@@ -171,6 +171,13 @@ def table_locked(table: str):
             holder.rollback()
 
 
+# The locked section waits for as long as it is allowed, whatever the limit; the others must finish inside it. Late
+# in a full CI run on a slow 2-core host (tables bloated by earlier tests, autovacuum behind) an unlocked section
+# took over 0.2 s, so tests asserting "only that one" give the others this much instead; each locked section costs
+# the test this long.
+OTHERS_READ_WITHIN = 1.5
+
+
 def statement_timeout() -> str:
     from tests.integration.opsdata import sql
 
@@ -181,7 +188,10 @@ def statement_timeout() -> str:
 def test_postgresql_slow_one_section_times_out_alone_and_the_page_names_it(operator, redis_conn):
     busy_tables()
     before = statement_timeout()
-    with table_locked("dispatch_app_recoveryround"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.2}):
+    with (
+        table_locked("dispatch_app_recoveryround"),
+        override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": OTHERS_READ_WITHIN}),
+    ):
         responses = {url: operator.get(url) for url in PAGES[:3]}
     assert {url: r.status_code for url, r in responses.items()} == dict.fromkeys(PAGES[:3], 200)
     for url in (DASHBOARD, DASHBOARD + "live/"):
@@ -223,7 +233,10 @@ def test_outside_a_transaction_each_section_is_its_own_and_its_timeout_ends_with
     from dispatch_app.ops import board
 
     before = statement_timeout()
-    with table_locked("dispatch_app_jobattempt"), override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": 0.2}):
+    with (
+        table_locked("dispatch_app_jobattempt"),
+        override_settings(DISPATCH={"DASHBOARD_STATEMENT_TIMEOUT": OTHERS_READ_WITHIN}),
+    ):
         data = board.build(redis_conn=redis_conn)
     # Every section reading attempts timed out; the others (envelopes, recovery, dispatchers, pauses) were read.
     assert {"jobs", "latency", "failures", "charts", "failure_alarms", "outbox_due"} <= set(data["unreadable"])
