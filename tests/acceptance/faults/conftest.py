@@ -131,6 +131,15 @@ def private_stack(request, subprocess_env, private_db, private_redis, fault_tmp)
     yield from _stack(request, private_db, private_redis.url, subprocess_env, fault_tmp)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A scenario on ``private_db`` runs on servers of its own, from the same binaries whatever DATABASE_URL and
+    REDIS_URL say: marked ``private_servers``, so a run that only changes where the suite's servers come from (CI's
+    embedded-default path) can leave the repeat out."""
+    for item in items:
+        if "private_db" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.private_servers)
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
