@@ -85,7 +85,7 @@ class Allowance:
     congested: bool
     wait_ms: float | None
     baseline_ms: float | None
-    quantile: float = QUANTILE
+    quantile: float  # the Pacer's: no default, so a description never names a quantile nobody measured
 
     def describe(self) -> str:
         if self.wait_ms is None or self.baseline_ms is None:
