@@ -130,6 +130,14 @@ SPECS: dict[str, _Spec] = {
         doc="an idle dispatcher sends the envelopes a small insert names in its NOTIFY before claiming them, "
         "taking the claim's round trip off the job's path; False claims first (dispatch_app.dispatch.announced)",
     ),
+    "MARK_AHEAD_DELAY": _Spec(
+        0.1,
+        float,
+        0,
+        1,
+        "how long envelopes sent ahead of their claim wait to be marked dispatched together, so one statement marks "
+        "every envelope sent meanwhile; 0 marks each drain's at once (s; dispatch_app.dispatch.announced)",
+    ),
     "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
     "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
@@ -230,6 +238,7 @@ class DispatchSettings:
     NOTIFY_ARM_LEASE: float
     PREPARED_STATEMENTS: bool
     SEND_ANNOUNCED: bool
+    MARK_AHEAD_DELAY: float
     PAYLOAD_MAX_BYTES: int
     RQ_JOB_TIMEOUT: int
     RQ_RESULT_TTL: int

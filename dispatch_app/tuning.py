@@ -15,6 +15,9 @@ MAX_REMEMBERED_GIVE_BACKS = 100_000
 # Bounds the memory of the loop's recent claims: forgetting one costs at most one duplicate send (RQ's
 # create-if-absent leaves the job alone), never a lost or second run.
 MAX_REMEMBERED_CLAIMS = 8192
+# Envelopes sent ahead and waiting for their mark (DISPATCH["MARK_AHEAD_DELAY"]) are marked at once when this many
+# wait: one statement's arrays stay small, and a burst does not hold its marks for the whole delay.
+MARK_AHEAD_MAX = 64
 
 # --- dispatch_app.dispatch.sends -------------------------------------------------------------------------------------
 # The first pause probes after this long even when SEND_BACKOFF_BASE is 0 (no busy probing).

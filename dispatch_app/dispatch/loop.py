@@ -35,7 +35,7 @@ from dispatch_app.dispatch.marker import Marker
 from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.dispatch.sends import BatchRecord, Halt, chunks, sort_outcomes
-from dispatch_app.runtime.wake import DUE, NOTIFY, TICK, Wake
+from dispatch_app.runtime.wake import DUE, MARK, NOTIFY, TICK, Wake
 from dispatch_app.tuning import MAX_REMEMBERED_GIVE_BACKS
 
 log = logging.getLogger("dispatch_app.dispatch")
@@ -80,7 +80,9 @@ class DispatchLoop:
         # One breaker per Redis server: one server's outage pauses only the domains whose queues live on it.
         self.breakers = Breakers(conf, self.publisher.servers(), clock)
         # What writers announced in their NOTIFY: sent before any claim, then marked (dispatch.announced).
-        self.ahead = announced.SendAhead(self.publisher, self.breakers.of, conf.SEND_CHUNK_SIZE)
+        self.ahead = announced.SendAhead(
+            self.publisher, self.breakers.of, conf.SEND_CHUNK_SIZE, delay=conf.MARK_AHEAD_DELAY, clock=clock
+        )
 
     @property
     def _sent_ahead(self) -> dict[int, tuple[int, float]]:
@@ -97,6 +99,8 @@ class DispatchLoop:
         if reason == TICK and due_at is not None and self._clock() >= due_at:
             self._due_at = None
             return DUE
+        if reason == TICK and self.ahead.mark_in() == 0.0:
+            return MARK
         return reason
 
     def wait_timeout(self) -> float:
@@ -105,6 +109,9 @@ class DispatchLoop:
         waits = self.breakers.seconds_to_probe()
         if self._due_at is not None:
             waits.append(max(0.0, self._due_at - self._clock()))
+        # Sent ahead and waiting for their mark: wake to mark them when their delay is up.
+        if (mark_in := self.ahead.mark_in()) is not None:
+            waits.append(mark_in)
         return min([self.conf.POLL_INTERVAL, *waits])
 
     def run_once(self, trigger: str = TICK) -> DrainResult:
@@ -118,21 +125,30 @@ class DispatchLoop:
         """
         total = DrainResult(trigger=trigger)
         self.scans += 1
+        ahead = self.ahead
+        ahead.begin()
         envelopes = announced.take(self.wake.announced)
         if envelopes and self.conf.SEND_ANNOUNCED and not self.stop.is_set():
-            total.sends, total.duplicates = self.ahead.send(envelopes)
+            total.sends, total.duplicates = ahead.send(envelopes)
         # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
         if not self.breakers.allow_any():
             total.paused = True
             return self._report(total)
         in_flight: Future | None = None
+        waiting = False  # sent ahead, their mark left to wait
         try:
-            marked = self.ahead.mark(total)
-            # Woken only by announcements, all of them sent and marked: nothing is known to wait in the table
-            # (the fallback tick and any other signal still scan it). One claim statement less per job.
-            covered = self.wake.only_named and trigger == NOTIFY and envelopes and marked == len(envelopes)
-            covered = covered and not self.ahead.sent
-            total.claim_skipped = bool(covered)
+            # Woken only by announcements, all of them sent: nothing is known to wait in the table (the fallback
+            # tick and any other signal still scan it), so there is no claim to make, one statement less per job;
+            # their mark may wait to be shared (MARK_AHEAD_DELAY). Woken to mark (MARK): the same, once marked.
+            named = self.wake.only_named and trigger == NOTIFY and envelopes
+            covered = bool(named and len(ahead.fresh) == len(envelopes)) or trigger == MARK
+            if covered and ahead.mark_in() != 0.0 and not self.stop.is_set():
+                ahead.count_fresh(total)
+                waiting = True
+            else:
+                ahead.mark(total)
+                covered = covered and not ahead.sent
+            total.claim_skipped = covered
             while not covered and not self.stop.is_set():
                 # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
                 limit = self.conf.BATCH_SIZE if self.breakers.any_closed() else 1
@@ -152,9 +168,10 @@ class DispatchLoop:
                 total.add(self._record(result, record))
                 break
         finally:
-            # Sent ahead but not claimed here (a peer claimed them, or this drain stopped): whoever claims them
-            # sends them again, which RQ's create-if-absent script makes a no-op.
-            self.ahead.sent.clear()
+            # Unless their mark waits: sent ahead but not marked or claimed here (a peer claimed them, or this
+            # drain stopped or failed) is left to whoever claims them (SendAhead.forget_unmarked).
+            if not waiting:
+                ahead.forget_unmarked()
             if in_flight is not None:
                 total.add(in_flight.result())
         return self._report(total)
@@ -307,5 +324,16 @@ class DispatchLoop:
         result.failed += sum(1 for s in statuses.values() if s == "pending")
 
     def close(self) -> None:
+        """After the loop's thread stopped: mark what is still waiting for its mark, then let the threads go."""
+        if self.ahead.sent:
+            try:
+                self.ahead.mark(DrainResult(trigger=MARK))
+            except Exception:  # left pending: the next claim sends them again, a no-op in Redis
+                log.exception(
+                    "envelopes sent ahead could not be marked at shutdown",
+                    extra={"action": "mark_failed", "domain": "dispatch"},
+                )
+            finally:
+                connection.close()
         self.sender.close()
         self._marker.close()

@@ -31,6 +31,9 @@ POLL = "poll"
 # A scan at the time the last claim said the next pending envelope falls due (a delayed
 # submit, a backoff, a lease that ran out): time passing announces nothing.
 DUE = "due"
+# Not a scan: the time to mark what was sent ahead of its claim and left to gather (dispatch.announced,
+# MARK_AHEAD_DELAY): one statement marks every envelope sent meanwhile.
+MARK = "mark"
 
 
 class Wake:

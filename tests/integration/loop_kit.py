@@ -15,7 +15,9 @@ NEVER = 3600.0  # a fallback tick that cannot fire during a test
 
 
 def loop_settings(**overrides):
-    values = {"POLL_INTERVAL": NEVER, "LEASE_SECONDS": 30.0, "SEND_CONCURRENCY": 2}
+    # MARK_AHEAD_DELAY 0: a drain's marks are written before it returns, for the tests that are not about their
+    # wait (test_mark_ahead_delay.py is, with a clock of its own).
+    values = {"POLL_INTERVAL": NEVER, "LEASE_SECONDS": 30.0, "SEND_CONCURRENCY": 2, "MARK_AHEAD_DELAY": 0.0}
     values.update(overrides)
     return dispatch_settings(**values)
 
