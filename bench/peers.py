@@ -86,6 +86,20 @@ def _ours_finished(ids: list[int]) -> int:
         return cursor.fetchone()[0]
 
 
+def _ours_marked(ids: list[int]) -> int:
+    """Of these jobs, how many first attempts' envelopes are marked dispatched: a mark may wait
+    (DISPATCH["MARK_AHEAD_DELAY"]) past the job's end, and the sends per attempt must count the same envelopes."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM dispatch_app_dispatchenvelope WHERE job_id = ANY(%s) AND attempt = 1 "
+            "AND status = 'dispatched'",
+            [ids],
+        )
+        return cursor.fetchone()[0]
+
+
 def _ours_times(ids: list[int], column: str) -> dict[int, float]:
     from django.db import connection
 
@@ -205,6 +219,7 @@ def _ours_phases(ctx: Context, kind: str, stamps: str, metrics: dict) -> None:
                         committed = {int(k): v for k, v in out["committed"].items()}
                         ids = list(committed)
                         _wait(lambda ids=ids: _ours_finished(ids) >= len(ids), 30 + count / 20)
+                        _wait(lambda ids=ids: _ours_marked(ids) >= len(ids), 10)
                         _sends_per_attempt(metrics, w, r, before, child.counts())
                         started = _ours_times(ids, "started_at")
                         runs = _ours_runs(stamps, ids)

@@ -141,7 +141,8 @@ class DispatchLoop:
             # tick and any other signal still scan it), so there is no claim to make, one statement less per job;
             # their mark may wait to be shared (MARK_AHEAD_DELAY). Woken to mark (MARK): the same, once marked.
             named = self.wake.only_named and trigger == NOTIFY and envelopes
-            covered = bool(named and len(ahead.fresh) == len(envelopes)) or trigger == MARK
+            # A MARK retried after a failed drain finds nothing waiting (forgotten): then it claims.
+            covered = bool(named and len(ahead.fresh) == len(envelopes)) or bool(trigger == MARK and ahead.sent)
             if covered and ahead.mark_in() != 0.0 and not self.stop.is_set():
                 ahead.count_fresh(total)
                 waiting = True

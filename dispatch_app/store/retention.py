@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 
 from dispatch_app.models import DispatcherProcess, LoopHeartbeat, RecoveryRound
-from dispatch_app.store.tables import ENVELOPE
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE
 
 # key -> (table, which rows are old, their order, the DISPATCH setting with the age kept)
 TABLES = {
@@ -35,6 +35,16 @@ TABLES = {
 
 CHILDREN = {"processes": [(LoopHeartbeat._meta.db_table, "process_id")]}
 
+# What the attempt history still reads from the rows about to go, copied in the same statement. An attempt copies
+# its envelope's dispatch time when it starts or ends, and a job that ran before the dispatcher's mark (which may
+# wait: DISPATCH["MARK_AHEAD_DELAY"]) did both before there was one to copy; readers join the envelope until then.
+KEEP = {
+    "envelopes": f"""UPDATE {ATTEMPT} a SET dispatched_at = e.dispatched_at
+        FROM {ENVELOPE} e
+        WHERE e.id IN (SELECT id FROM doomed) AND a.job_id = e.job_id AND a.attempt = e.attempt
+          AND a.dispatched_at IS NULL""",
+}
+
 
 def prune_table(key: str, keep_seconds: float, batch_size: int, max_batches: int) -> tuple[int, int, bool]:
     """Returns (rows deleted, batches run, maybe more left)."""
@@ -44,6 +54,8 @@ def prune_table(key: str, keep_seconds: float, batch_size: int, max_batches: int
         f", {child}_gone AS (DELETE FROM {child} WHERE {column} IN (SELECT id FROM doomed))"
         for child, column in CHILDREN.get(key, ())
     )
+    if key in KEEP:
+        children += f", kept AS ({KEEP[key]})"
     sql = (
         f"WITH doomed AS (SELECT id FROM {table} WHERE {where} "
         f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED){children} "

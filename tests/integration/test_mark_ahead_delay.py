@@ -6,7 +6,7 @@ start.
 """
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from rq import Queue
 from rq.serializers import JSONSerializer
 
@@ -189,3 +189,28 @@ def test_a_stopping_loop_marks_what_waits_at_once(make_loop):
     loop.stop.set()
     assert loop.run_once(MARK).dispatched == 1, "before its delay is up"
     assert _statuses(jobs) == [("dispatched", None)]
+
+
+def test_a_mark_that_failed_is_retried_as_a_claim_that_sends_and_marks_again(make_loop, monkeypatch, redis_conn):
+    loop = make_loop()
+    jobs = submit_many([("delivery", PAYLOADS["delivery"])])
+    _announce(loop, jobs)
+    loop.run_once(loop.wait())
+    real = announced.claim.mark_ahead
+
+    def down(*args):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(announced.claim, "mark_ahead", down)
+    loop.ahead.clock.now += DELAY
+    trigger = loop.wait()
+    with pytest.raises(OperationalError):
+        loop.run_once(trigger)
+    assert loop.ahead.mark_in() is None, "forgotten: the claim finds them"
+    monkeypatch.setattr(announced.claim, "mark_ahead", real)
+
+    retried = loop.run_once(trigger)  # the runner retries a failed step with its trigger
+
+    assert (retried.trigger, retried.claim_skipped, retried.dispatched) == (MARK, False, 1)
+    assert _statuses(jobs)[0][0] == "dispatched"
+    assert _in_rq(redis_conn) == 1, "sent again: a duplicate in Redis, not a second job"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.models import DispatchEnvelope, DispatcherProcess, LoopHeartbeat, RecoveryRound
+from dispatch_app.models import DispatchEnvelope, DispatcherProcess, JobAttempt, LoopHeartbeat, RecoveryRound
 from dispatch_app.ops.retention import RetentionLoop, prune
 from tests.integration.opsdata import ago, envelope, job, sql
 
@@ -48,6 +48,24 @@ def test_prunes_only_rows_past_retention_in_bounded_batches():
     assert RecoveryRound.objects.count() == 1
     assert list(DispatcherProcess.objects.values_list("name", flat=True)) == ["alive"]
     assert list(LoopHeartbeat.objects.values_list("process__name", flat=True)) == ["alive"]
+
+
+def test_an_attempt_that_ran_before_its_mark_keeps_its_dispatch_time_when_the_envelope_goes():
+    conf = dispatch_settings()
+    keep = conf.RETENTION_DISPATCHED_ENVELOPES
+    ran_first, marked_first = job(status="succeeded"), job(status="succeeded")
+    for j in (ran_first, marked_first):
+        envelope(j, "dispatched", created_ago=keep + 60, dispatched_ago=keep + 50)
+        JobAttempt.objects.create(job=j, attempt=1, domain=j.domain, outcome="succeeded")
+    sql(f"UPDATE dispatch_app_jobattempt SET dispatched_at = {ago(keep + 40)} WHERE job_id = %s", [marked_first.pk])
+    expected = dict(DispatchEnvelope.objects.values_list("job_id", "dispatched_at"))
+    recorded = JobAttempt.objects.get(job=marked_first).dispatched_at
+
+    assert prune(conf).envelopes == 2
+
+    assert not DispatchEnvelope.objects.exists()
+    assert JobAttempt.objects.get(job=ran_first).dispatched_at == expected[ran_first.pk], "copied as it went"
+    assert JobAttempt.objects.get(job=marked_first).dispatched_at == recorded, "what the attempt recorded stays"
 
 
 def test_retention_settings_are_validated():
