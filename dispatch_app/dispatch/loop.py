@@ -334,7 +334,5 @@ class DispatchLoop:
                     "envelopes sent ahead could not be marked at shutdown",
                     extra={"action": "mark_failed", "domain": "dispatch"},
                 )
-            finally:
-                connection.close()
         self.sender.close()
         self._marker.close()
