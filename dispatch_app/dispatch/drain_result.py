@@ -28,7 +28,7 @@ class DrainResult:
     outage: str = ""  # why Redis as a whole refused this drain's sends (breaker.outage_reason), if it did
     # The breaker after this drain (set by run_once, for the heartbeat and the metrics).
     breaker: BreakerState = field(default_factory=lambda: BreakerState(CLOSED))
-    claim_skipped: bool = False  # an announced-only wake whose envelopes were all sent and marked: no claim
+    claim_skipped: bool = False  # an announced-only wake whose envelopes were all sent ahead: no claim
     paused: bool = False  # nothing was claimed: the breaker is open and its probe is not due
     batch_sizes: list[int] = field(default_factory=list)
     # For the metrics (dispatch_app.ops.metrics): outbox waits of the envelopes marked

@@ -149,7 +149,8 @@ class DispatchLoop:
             else:
                 ahead.mark(total)
                 covered = covered and not ahead.sent
-            total.claim_skipped = covered
+            # A MARK step is no wake with work to find: only a NOTIFY's drain counts as a claim skipped.
+            total.claim_skipped = covered and trigger != MARK
             while not covered and not self.stop.is_set():
                 # While every server is paused, the probe is one envelope: a refusing Redis costs one give-back.
                 limit = self.conf.BATCH_SIZE if self.breakers.any_closed() else 1

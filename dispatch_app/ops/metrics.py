@@ -70,7 +70,7 @@ class DispatchMetrics:
         )
         self.claims_skipped = Counter(
             "productflow_dispatch_claims_skipped",
-            "Drains woken only by NOTIFYs that named their envelopes, all sent and marked: no claim was made.",
+            "Drains woken only by NOTIFYs that named their envelopes, all sent ahead: no claim was made.",
             registry=r,
         )
 
