@@ -18,7 +18,7 @@ run. ``DISPATCH["SEND_ANNOUNCED"] = False`` claims first, as before.
 The mark waits: envelopes sent ahead gather for ``MARK_AHEAD_DELAY`` (or until
 MARK_AHEAD_MAX of them wait) and one statement marks them all. At a hundred jobs
 a second an idle dispatcher's mark was one more PostgreSQL backend woken per
-job, about a fifth of a job's PostgreSQL CPU (docs/benchmarks.md); the worker's
+job, about a quarter of a job's PostgreSQL CPU (docs/benchmarks.md); the worker's
 start never needed it (it accepts a pending, unleased, due envelope), and the
 mark still dates the dispatch from the send (``claim.mark_ahead``). Meanwhile
 the envelope is pending and unleased: this loop marks what it sent before any

@@ -66,7 +66,9 @@ class Observer:
 
 
 def test_held_recovery_round_holds_only_itself(redis_conn, caplog):
-    conf = dispatch_settings()
+    # Marks at once: which wake dispatched a job is read from the drain that marked it, and the tick that would end
+    # a mark's wait (MARK_AHEAD_DELAY) is in this test's hands (test_mark_ahead_delay.py is about that wait).
+    conf = dispatch_settings(MARK_AHEAD_DELAY=0.0)
     wake, observer = SteerableTick(), Observer()
     supervisor = Supervisor(conf, wake=wake, listen=True, observer=observer)
     held, release = threading.Event(), threading.Event()
