@@ -97,6 +97,35 @@ INTERNALS: tuple[Internal, ...] = (
         "a finished job's dependents are enqueued by RQ's code",
         ("self", "queue", "job"),
     ),
+    # -- RQ's maintenance, run by maintenance.MaintenanceMixin with hashes read as ProjectJob (project_job.py).
+    Internal(
+        f"{_BASE}.clean_registries",
+        "method",
+        "overridden: hashes read as ProjectJob, the queue's lock released when a step raises",
+        ("self",),
+        called_by_rq=True,
+    ),
+    Internal(f"{_BASE}.run_maintenance_tasks", "method", "work() runs RQ's maintenance through it", ("self",)),
+    Internal(f"{_BASE}._exc_handlers", "attribute", "the started registry's cleanup calls them (exception_handlers)"),
+    Internal("rq.registry:clean_registries", "function", "each queue's registries", ("queue", "exception_handlers")),
+    Internal("rq.worker_registration:clean_worker_registry", "function", "each queue's worker set", ("queue",)),
+    Internal(
+        "rq.intermediate_queue:IntermediateQueue.cleanup",
+        "method",
+        "jobs stuck in a queue's intermediate list",
+        ("self", "worker", "queue"),
+    ),
+    Internal("rq.job:Job.refresh", "method", "overridden (ProjectJob): Job.fetch reads a hash through it", ("self",)),
+    *(
+        Internal(f"rq.job:Job.{name}_callback", "global", "overridden (ProjectJob): never import a name Redis holds")
+        for name in ("success", "failure", "stopped")
+    ),
+    Internal(
+        "rq.job:Job.send_webhooks",
+        "method",
+        "overridden (ProjectJob): no URL Redis holds is called",
+        ("self", "status"),
+    ),
     # -- Public worker methods whose exact signature the batched writes depend on (worker.py, starts.py).
     Internal(f"{_BASE}.cleanup_execution", "method", "the end write", ("self", "job", "pipeline", "execution")),
     Internal(f"{_BASE}.increment_total_working_time", "method", "the end write", ("self", "job_execution_time")),
@@ -229,6 +258,10 @@ def prepare_for_queue(queue: Queue, job: Job) -> None:
 def set_status(job: Job, status: str) -> None:
     """The job's status in hand, where a write already put it in Redis (no second write)."""
     job._status = status
+
+
+def exception_handlers(worker) -> list:
+    return worker._exc_handlers
 
 
 def set_result(job: Job, value) -> None:

@@ -57,7 +57,9 @@ from dispatch_app.worker.rqworker.beat import Heartbeat, start_beacon
 from dispatch_app.worker.rqworker.evidence import EvidenceMixin
 from dispatch_app.worker.rqworker.fetch import Fetcher, Suspended, Taken
 from dispatch_app.worker.rqworker.lane_share import LaneShare, with_lanes
+from dispatch_app.worker.rqworker.maintenance import MaintenanceMixin
 from dispatch_app.worker.rqworker.outage import OutageMixin
+from dispatch_app.worker.rqworker.project_job import ProjectJob
 from dispatch_app.worker.rqworker.start_template import StartTemplate
 from dispatch_app.worker.rqworker.starts import StartsMixin
 from dispatch_app.worker.rqworker.writes import WritesMixin
@@ -65,7 +67,7 @@ from dispatch_app.worker.rqworker.writes import WritesMixin
 log = logging.getLogger("dispatch_app.rqworker")
 
 
-class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, SimpleWorker):
+class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, MaintenanceMixin, SimpleWorker):
     def __init__(
         self,
         queues,
@@ -78,6 +80,9 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Simpl
         # JSON always: a job planted in Redis must not be able to run code (pickle), and our
         # publisher writes JSON; a worker on another serializer would fail every job.
         kwargs["serializer"] = kwargs.get("serializer") or JSONSerializer
+        # Every hash RQ's own code reads here is read as ProjectJob: unreadable is missing, no callback imported.
+        if not (isinstance(kwargs.get("job_class"), type) and issubclass(kwargs["job_class"], ProjectJob)):
+            kwargs["job_class"] = ProjectJob
         rq_internals.verify()  # an RQ without what this class overrides or calls fails here, by name
         fast_paths.install()
         # Started by another launcher (``rqworker --worker-class``, rq's WorkerPool): the DISPATCH settings.
@@ -202,7 +207,7 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Simpl
             while not self._stop_requested:
                 try:
                     if self.should_run_maintenance_tasks:
-                        self.run_maintenance_tasks()
+                        self._maintain()
                     if time.monotonic() >= self._rescue_at:
                         self._rescue_orphans()
                     limit = self._take_limit()

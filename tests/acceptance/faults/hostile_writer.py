@@ -9,8 +9,10 @@ project's own entry point with callbacks, a dependency, repeats, retries, keywor
 the dispatcher would not give, another domain's entry point, a pickled call, and a hash RQ cannot read.
 Real jobs are named too, by the RQ id the dispatcher gives them (``queue:entry domain:job id``): these pass
 the worker's admission and meet the start (a job scheduled for later; a job of another domain named
-through this queue's entry point). Any forged call that ran would create the canary file. The summary
-(JSON) says how many jobs were written into each queue.
+through this queue's entry point). Last, for RQ's maintenance rather than a take, each queue's intermediate
+list gets an unreadable hash and its started registry an abandoned forgery whose failure callback is the
+canary. Any forged call that ran would create the canary file. The summary (JSON) says how many jobs were
+written into each queue ("written") and what was planted for maintenance ("planted").
 """
 
 from __future__ import annotations
@@ -62,6 +64,23 @@ def forge(conn: redis.Redis, queue: str, domain: str, other: str, canary: str) -
     return len(forged) + 2
 
 
+def plant(conn: redis.Redis, queue: str) -> dict[str, str]:
+    """What RQ's maintenance reads rather than a take: an unreadable hash in the queue's intermediate list, and
+    an abandoned "started" forgery (expired in the started registry) whose failure callback is the canary."""
+    q = Queue(queue, connection=conn, serializer=JSONSerializer)
+    unreadable = f"forged-{uuid.uuid4().hex}"
+    conn.hset(f"rq:job:{unreadable}", mapping={"data": b"\x80\x04garbage", "timeout": b"never", "status": b"?"})
+    conn.rpush(q.intermediate_queue_key, unreadable)
+    abandoned = Job.create(
+        CANARY, args=("abandoned",), connection=conn, serializer=JSONSerializer, on_failure=Callback(CANARY)
+    )
+    abandoned.origin = queue
+    abandoned.set_status("started")
+    abandoned.save()
+    conn.zadd(f"rq:wip:{queue}", {f"{abandoned.id}:forged": 1})
+    return {"unreadable": unreadable, "abandoned": abandoned.id}
+
+
 def name_real_jobs(conn: redis.Redis, named: list[str]) -> dict[str, int]:
     """``queue:entry domain:job id``: the job's RQ id as the dispatcher gives it, through that entry point."""
     counts: dict[str, int] = {}
@@ -88,8 +107,9 @@ def main(argv: list[str]) -> None:
             other = next(d for d in domains if d != domain)
             counts[queue] += forge(conn, queue, domain, other, canary)
         time.sleep(0.2)
+    planted = {queue: plant(conn, queue) for queue in queues}
     with open(summary, "w") as f:
-        json.dump(counts, f)
+        json.dump({"written": counts, "planted": planted}, f)
 
 
 if __name__ == "__main__":
