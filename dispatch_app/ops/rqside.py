@@ -27,6 +27,7 @@ heartbeat; a worker that recovers (a frozen process thawed) shows alive again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from dataclasses import asdict, dataclass, field
@@ -66,7 +67,8 @@ queue_key = rq_internals.queue_key
 
 
 def text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
+    # Anyone on Redis's network writes these bytes: a page must render whatever they are.
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
 
 
 def parse_utc(value: str) -> datetime | None:
@@ -127,9 +129,20 @@ class WorkerInfo:
 
 def _float(value: str) -> float | None:
     try:
-        return float(value) if value else None
+        number = float(value) if value else None
     except ValueError:
         return None
+    return number if number is None or math.isfinite(number) else None
+
+
+def _count(value: str) -> int:
+    """A counter RQ writes as decimal digits; anything else (forged, corrupt) reads as 0."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else 0
+
+
+def _pid(value: str) -> int | None:
+    pid = _count(value)
+    return pid if 0 < pid < 2**22 else None  # Linux's largest pid_max; beyond it os.kill overflows
 
 
 def _judge(
@@ -140,7 +153,7 @@ def _judge(
     executions: list[str] = (),
     session: bool | None = None,
 ) -> WorkerInfo:
-    pid = int(data["pid"]) if data.get("pid", "").isdigit() else None
+    pid = _pid(data.get("pid", ""))
     host = data.get("hostname", "")
     last_heartbeat = parse_utc(data.get("last_heartbeat", ""))
     age = (redis_now - last_heartbeat).total_seconds() if redis_now and last_heartbeat else None
@@ -169,8 +182,8 @@ def _judge(
         last_heartbeat=last_heartbeat,
         # RQ's own worker names its job in the hash; PipelineWorker only keeps RQ's executions set (job:execution).
         current_job=data.get("current_job", "") or ", ".join(sorted(e.split(":", 1)[0] for e in executions)),
-        successful=int(data.get("successful_job_count") or 0),
-        failed=int(data.get("failed_job_count") or 0),
+        successful=_count(data.get("successful_job_count", "")),
+        failed=_count(data.get("failed_job_count", "")),
         recent=data.get(RECENT_FIELD, ""),
         last_error=data.get(LAST_ERROR_FIELD, ""),
         heartbeat_age=None if age is None else round(age, 1),

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import redis
 from rq import worker_registration
 from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
-from rq.utils import parse_composite_key, utcparse
+from rq.utils import utcparse
 from rq.worker import Worker
 
 import dispatch_app.liveness as liveness
@@ -72,8 +72,15 @@ def _text(data: dict, key: str) -> str:
 def _int(data: dict, key: str) -> int:
     try:
         return int(float(_text(data, key) or 0))
-    except ValueError:
+    except (ValueError, OverflowError):  # forged or corrupt ("abc", "nan", "inf"): a hash is input
         return 0
+
+
+def _utc(text: str):
+    try:
+        return utcparse(text) if text else None
+    except ValueError:
+        return None
 
 
 def workers(connection: redis.Redis) -> list[WorkerHealth]:
@@ -97,9 +104,8 @@ def workers(connection: redis.Redis) -> list[WorkerHealth]:
         data, executions = replies[1 + 2 * i], replies[2 + 2 * i]
         if not data or data.get(b"death"):
             continue
-        beat = _text(data, "last_heartbeat")
-        last = utcparse(beat) if beat else None
-        current = sorted(parse_composite_key(m.decode())[0] for m in executions)
+        last = _utc(_text(data, "last_heartbeat"))
+        current = sorted(m.decode(errors="replace").split(":", 1)[0] for m in executions)
         successful, failed = _int(data, "successful_job_count"), _int(data, "failed_job_count")
         recent = _text(data, RECENT_FIELD)
         claims[name] = _text(data, liveness.WORKER_HASH_FIELD) or None

@@ -1,0 +1,88 @@
+"""What the operator's readers make of worker and job hashes anyone on Redis's network may have written.
+
+Real PostgreSQL, real Redis. A forged worker (registered like RQ registers one, on this host) whose
+hash holds bytes that are not UTF-8, counters that are not numbers, a pid beyond any pid_max, a
+heartbeat that is no timestamp and an infinite heartbeat period, and whose executions set holds
+members without a job id; and a real job whose RQ hash has a status that is not UTF-8. The
+dashboard, the job's RQ side (timeline), ``dispatchstats`` and the workers' health all read them:
+each renders, shows the forged worker with what could be read, and none raises. Recovery's evidence
+reads an unreadable job hash as missing and the forged worker as not alive, as if the keys were
+deleted: the candidate is handled, not backed off with an error round after round.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+
+import pytest
+from django.core.management import call_command
+
+from dispatch_app import rq_internals
+from dispatch_app.ops import board, rqjobs, rqside
+from dispatch_app.outbox import submit
+from dispatch_app.recovery import evidence
+from dispatch_app.worker.rqworker import health
+from dispatch_app.worker.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, RECENT_FIELD
+from tests.factories import PAYLOADS
+
+pytestmark = pytest.mark.django_db
+NAME = "forged-worker"
+
+
+@pytest.fixture
+def forged_worker(redis_conn):
+    key = rq_internals.worker_key_prefix() + NAME
+    redis_conn.hset(
+        key,
+        mapping={
+            "pid": "99999999999999999999",
+            "hostname": socket.gethostname(),  # this host: the pid is what would be checked
+            "queues": b"delivery,\xff\xfe",
+            "state": b"\xff\xfe",
+            "successful_job_count": "lots",
+            "failed_job_count": "inf",
+            "last_heartbeat": "yesterday",
+            HEARTBEAT_INTERVAL_FIELD: "inf",
+            RECENT_FIELD: b"\xc3",
+        },
+    )
+    redis_conn.sadd(f"{key}:executions", b"no-job-id", b"\xff:execution")
+    redis_conn.sadd("rq:workers", key)
+    redis_conn.sadd(rq_internals.workers_of_queue_key("delivery"), key)
+    return key
+
+
+def test_the_forged_worker_is_read_with_what_can_be_read(redis_conn, forged_worker):
+    info = rqside.read_workers(redis_conn, [NAME])[NAME]
+    assert (info.pid, info.successful, info.failed, info.heartbeat_interval) == (None, 0, 0, None)
+    assert info.last_heartbeat is None and info.queues[0] == "delivery"
+
+    [seen] = [w for w in health.workers(redis_conn) if w.name == NAME]
+    assert (seen.successful, seen.failed, seen.last_heartbeat) == (0, 0, None)
+    assert seen.current_job is not None  # the executions set was read, its members as text
+
+
+def test_the_dashboard_dispatchstats_and_a_jobs_rq_side_render(redis_conn, forged_worker):
+    job_id = submit("delivery", PAYLOADS["delivery"]).pk
+    redis_conn.hset(rq_internals.job_key(f"pf-{job_id}-1"), mapping={"status": b"\xff", "worker_name": NAME})
+
+    data = board.build()
+    assert data["domains"]["delivery"]["rq"] is not None
+
+    state = rqjobs.read_jobs(redis_conn, [(job_id, 1, "delivery")])[(job_id, 1)]
+    assert state.in_redis and state.rq_status == "\ufffd" and state.worker == NAME
+
+    out = io.StringIO()
+    call_command("dispatchstats", "--json", stdout=out)
+    assert NAME in json.dumps(json.loads(out.getvalue()))
+
+
+def test_recovery_reads_an_unreadable_job_hash_as_missing_and_a_forged_worker_as_not_alive(redis_conn, forged_worker):
+    job_id = submit("delivery", PAYLOADS["delivery"]).pk
+    key = rq_internals.job_key(f"pf-{job_id}-1")
+    redis_conn.hset(key, mapping={"data": b"\x80garbage", "timeout": b"never", "status": b"queued"})
+    assert evidence.rq_job(job_id, 1, redis_conn).status == "missing"  # a worker would refuse it unrun
+
+    assert evidence.worker_seen(NAME, redis_conn) == (False, None)
