@@ -56,7 +56,7 @@ def _read(conn: redis.Redis, queues: list[str]) -> dict[str, int]:
         for _ in lanes.queues(queue):
             depth, ids = int(next(raw)), next(raw)
             for index, rq_id in enumerate(ids):
-                parsed = parse_rq_job_id(rq_id.decode() if isinstance(rq_id, bytes) else rq_id)
+                parsed = parse_rq_job_id(rqside.text(rq_id))  # anyone may push any bytes: never a strict decode
                 if parsed:
                     out.setdefault(key(*parsed), ahead + index + 1)
             ahead += depth

@@ -4,8 +4,9 @@ Real PostgreSQL, real Redis. A forged worker (registered like RQ registers one, 
 hash holds bytes that are not UTF-8, counters that are not numbers, a pid beyond any pid_max, a
 heartbeat that is no timestamp and an infinite heartbeat period, and whose executions set holds
 members without a job id; and a real job whose RQ hash has a status that is not UTF-8. The
-dashboard, the job's RQ side (timeline), ``dispatchstats`` and the workers' health all read them:
-each renders, shows the forged worker with what could be read, and none raises. Recovery's evidence
+dashboard, the job's RQ side (timeline), ``dispatchstats``, the job list's queue order and the
+workers' health read them: each renders, shows the forged worker with what could be read, and
+none raises. Recovery's evidence
 reads an unreadable job hash as missing and the forged worker as not alive, as if the keys were
 deleted: the candidate is handled, not backed off with an error round after round.
 """
@@ -20,7 +21,7 @@ import pytest
 from django.core.management import call_command
 
 from dispatch_app import rq_internals
-from dispatch_app.ops import board, rqjobs, rqside
+from dispatch_app.ops import board, queue_order, rqjobs, rqside
 from dispatch_app.outbox import submit
 from dispatch_app.recovery import evidence
 from dispatch_app.worker.rqworker import health
@@ -86,3 +87,11 @@ def test_recovery_reads_an_unreadable_job_hash_as_missing_and_a_forged_worker_as
     assert evidence.rq_job(job_id, 1, redis_conn).status == "missing"  # a worker would refuse it unrun
 
     assert evidence.worker_seen(NAME, redis_conn) == (False, None)
+
+
+def test_the_job_lists_queue_order_reads_past_an_id_that_is_not_utf8(redis_conn):
+    redis_conn.rpush("rq:queue:delivery", b"\xff\xfe", b"pf-7-1")
+
+    places, errors = queue_order.positions(["delivery"], conn=redis_conn)
+
+    assert places == {queue_order.key(7, 1): 2} and errors == []

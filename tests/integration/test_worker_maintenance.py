@@ -5,8 +5,8 @@ cleanup of a queue's intermediate list read a forged hash (``timeout: never``) w
 ``Job`` and the AssertionError ended the process. The same cleanup, for an abandoned "started"
 job, imports and calls its failure callback and posts its webhooks. Here: the unreadable hash is
 dropped, the abandoned forgery is failed by RQ's own code without importing the canary or
-calling the webhook's URL, and a step that raises is logged while the worker goes on and the
-queue's maintenance lock is free for the next worker.
+calling the webhook's URL, and a step that raises is logged while the other steps and the worker
+go on and the queue's maintenance lock is free for the next worker.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_a_taken_queue_object_keeps_its_class_and_the_worker_reads_hashes_as_pro
         worker.job_class.fetch(unreadable, connection=redis_conn, serializer=JSONSerializer)
 
 
-def test_a_maintenance_step_that_raises_is_logged_the_lock_released_and_the_worker_goes_on(
+def test_a_maintenance_step_that_raises_is_logged_the_other_steps_run_and_the_worker_goes_on(
     redis_conn, monkeypatch, caplog
 ):
     import dispatch_app.worker.rqworker.maintenance as maintenance
@@ -121,12 +121,16 @@ def test_a_maintenance_step_that_raises_is_logged_the_lock_released_and_the_work
 
     monkeypatch.setattr(maintenance, "clean_worker_registry", broken)
     queue = Queue(QUEUE, connection=redis_conn, serializer=JSONSerializer)
+    unreadable = plant_unreadable(redis_conn, queue)
     worker = PipelineWorker([queue], connection=redis_conn, name="maintenance")
 
     with caplog.at_level(logging.ERROR, logger="dispatch_app.rqworker"):
         assert worker.work(burst=True) is False  # burst: nothing to do, and it returned instead of raising
 
     failed = [r for r in caplog.records if getattr(r, "action", None) == "worker_maintenance_failed"]
-    assert len(failed) == 1 and "worker registry unreadable" in failed[0].getMessage()
+    assert {r.domain for r in failed} == {q.name for q in worker.queues}  # one per queue (its lanes included)
+    assert all("worker registry unreadable" in r.getMessage() for r in failed)
+    # The step after the failed one ran: the intermediate list's unreadable hash is gone.
+    assert unreadable.encode() not in redis_conn.lrange(queue.intermediate_queue_key, 0, -1)
     assert not redis_conn.exists(queue.registry_cleaning_key)  # the next worker may clean this queue
     assert worker.last_cleaned_at is not None and not worker.should_run_maintenance_tasks

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -172,6 +173,33 @@ def check(job, queue: str, unreadable: str | None = None) -> Verdict:
 
 
 _told: set[str] = set()  # kinds already logged at ERROR in this process
+
+# RQ's rule for a job id (``rq.job.JOB_ID_PATTERN``), on the raw bytes: an id outside it (or not UTF-8) is
+# no RQ job's; making a Job of it raises, so it is dropped where it is first read and never becomes one.
+_RQ_ID = re.compile(rb"[A-Za-z0-9_-]+")
+
+
+def malformed_id(raw: bytes) -> bool:
+    return _RQ_ID.fullmatch(raw) is None
+
+
+def drop_malformed(worker_name: str, conn: redis.Redis, queue: str, intermediate: str | None, ids: list) -> None:
+    """Ids no RQ job can have, taken from ``queue``: out of its intermediate list (None: popped, already gone),
+    logged and counted as refused (``bad_id``), nothing else read or written for them."""
+    verdict = Verdict(kind=BAD_ID, reason="not an RQ job id", func="(none: malformed RQ id)")
+    with conn.pipeline() as pipe:
+        for raw in ids:
+            if intermediate is not None:
+                pipe.lrem(intermediate, 1, raw)
+            _count(pipe, verdict, now())
+        pipe.execute()
+    for raw in ids:
+        shown = repr(raw[:100])
+        extra = {"action": "job_refused", "domain": queue, "job_id": shown, "kind": BAD_ID}
+        message = "worker %s: id %s taken from %s refused: not an RQ job id (bad_id), nothing of it read or run"
+        level = logging.INFO if BAD_ID in _told else logging.ERROR
+        _told.add(BAD_ID)
+        log.log(level, message, worker_name, shown, queue, extra=extra)
 
 
 def refuse(worker, taken, verdict: Verdict) -> None:

@@ -298,13 +298,18 @@ class Fetcher:
     def _taken(self, reply, start: Start | None) -> list[Taken]:
         if reply[0] == 1:
             raise Suspended()
-        taken = []
+        taken, malformed = [], {}
         for pair, job_id, flat, *started in reply[1:]:
             queue = self.queues[(pair - 2) // 2]
+            if admission.malformed_id(job_id):  # RQ's Job would raise on it: never made one
+                malformed.setdefault(queue, []).append(job_id)
+                continue
             job = self.job_class(job_id.decode(), connection=self.connection, serializer=self.serializer)
             # Any hash, bounded and without raising: a forged one is refused by the worker, not a crash here.
             unreadable = admission.restore(job, dict(zip(flat[::2], flat[1::2], strict=True)))
             taken.append(Taken(job, queue, self._started(job, start) if started else None, unreadable))
+        for queue, ids in malformed.items():
+            admission.drop_malformed(self.name, self.connection, queue.name, queue.intermediate_queue_key, ids)
         return taken
 
     @staticmethod
@@ -320,15 +325,25 @@ class Fetcher:
         """
         if len(self.queues) == 1:
             queue = self.queues[0]
-            job_id = self.connection.blmove(
-                queue.key, IntermediateQueue.get_intermediate_queue_key(queue.key), timeout, "LEFT", "RIGHT"
-            )
-            return None if job_id is None else (0, job_id.decode(), False)
+            intermediate = IntermediateQueue.get_intermediate_queue_key(queue.key)
+            job_id = self.connection.blmove(queue.key, intermediate, timeout, "LEFT", "RIGHT")
+            if job_id is None or self._dropped(queue, intermediate, job_id):
+                return None
+            return 0, job_id.decode(), False
         reply = self.connection.blpop([q.key for q in self.queues], timeout)
         if reply is None:
             return None
-        key, job_id = reply[0].decode(), reply[1].decode()
-        return next(i for i, q in enumerate(self.queues) if q.key == key), job_id, True
+        index = next(i for i, q in enumerate(self.queues) if q.key == reply[0].decode())
+        if self._dropped(self.queues[index], None, reply[1]):
+            return None
+        return index, reply[1].decode(), True
+
+    def _dropped(self, queue: Queue, intermediate: str | None, job_id: bytes) -> bool:
+        """A popped id no RQ job can have is dropped here, before a start is written or a Job made for it."""
+        if not admission.malformed_id(job_id):
+            return False
+        admission.drop_malformed(self.name, self.connection, queue.name, intermediate, [job_id])
+        return True
 
     def settle(self, popped: tuple[int, str, bool], start: Start | None) -> tuple[str, Taken | None]:
         """What became of a popped job whose take's reply was lost; with the job to run if its start was written."""

@@ -5,11 +5,11 @@ registry's abandoned jobs, the intermediate list's stuck jobs) reads job hashes 
 plain ``Job``: a forged hash with a timeout of ``never`` raised out of ``Job.restore`` and ended
 the worker, and an abandoned "started" hash had its failure callback imported and called by name.
 
-Here a hash RQ cannot read is a job that does not exist (``NoSuchJobError``, which every RQ
-caller already handles: the id leaves the list that named it), no callback path held in Redis is
-ever imported and no webhook it names is ever called (an abandoned job's failure sends them): the
-publisher never writes either and admission refuses a job that carries one, so in a hash they can
-only be forged.
+Here a hash RQ cannot read, or an id no RQ job can have, is a job that does not exist
+(``NoSuchJobError``, which every RQ caller already handles: the id leaves the list that named it),
+no callback path held in Redis is ever imported and no webhook it names is ever called (an
+abandoned job's failure sends them): the publisher never writes either and admission refuses a job
+that carries one, so in a hash they can only be forged.
 """
 
 from __future__ import annotations
@@ -21,6 +21,13 @@ import dispatch_app.worker.rqworker.admission as admission
 
 
 class ProjectJob(Job):
+    @classmethod
+    def fetch(cls, id: str, connection=None, serializer=None) -> Job:
+        # RQ's Job(id) raises ValueError on an id outside RQ's alphabet: such an id names no job.
+        if not isinstance(id, str) or not id.isascii() or admission.malformed_id(id.encode()):
+            raise NoSuchJobError(f"No such job: {str(id)[:100]!r} is not an RQ job id")
+        return super().fetch(id, connection=connection, serializer=serializer)
+
     def refresh(self):
         data = self.connection.hgetall(self.key)
         if not data:

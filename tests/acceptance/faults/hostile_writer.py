@@ -6,7 +6,8 @@
 Anyone who can write to Redis can do this (it needs no Django, only rq and redis). Each round writes,
 into each queue: a call of ``os.system`` and of the canary function (``tests.canary.touch``), the
 project's own entry point with callbacks, a dependency, repeats, retries, keyword arguments, an RQ id
-the dispatcher would not give, another domain's entry point, a pickled call, and a hash RQ cannot read.
+the dispatcher would not give, another domain's entry point, a pickled call, a hash RQ cannot read, and
+an id no RQ job can have (not RQ's alphabet, not UTF-8).
 Real jobs are named too, by the RQ id the dispatcher gives them (``queue:entry domain:job id``): these pass
 the worker's admission and meet the start (a job scheduled for later; a job of another domain named
 through this queue's entry point). Last, for RQ's maintenance rather than a take, each queue's intermediate
@@ -61,7 +62,11 @@ def forge(conn: redis.Redis, queue: str, domain: str, other: str, canary: str) -
     garbage = f"forged-{uuid.uuid4().hex}"
     conn.hset(f"rq:job:{garbage}", mapping={"data": b"\x80\x04garbage", "timeout": b"never", "status": b"?"})
     q.push_job_id(garbage)
-    return len(forged) + 2
+    # An id no RQ job can have (RQ's Job(id) raises on it), with a hash under it so the take returns it.
+    malformed = f"forged {uuid.uuid4().hex}!".encode() + b"\xff"
+    conn.hset(b"rq:job:" + malformed, mapping={"status": "queued", "origin": queue, "data": "x"})
+    conn.rpush(q.key, malformed)
+    return len(forged) + 3
 
 
 def plant(conn: redis.Redis, queue: str) -> dict[str, str]:
