@@ -1,14 +1,10 @@
 """What the outside world says about a candidate: RQ's job, its worker, the vendor.
 
 Redis is only a delivery channel and may have lost everything: a missing RQ job
-is evidence too. Anyone on its network may have written it, too: a job hash RQ
-cannot read is read as missing (``ProjectJob``; a worker would refuse it unrun),
-a worker hash RQ cannot read as a worker that is not alive (deleting either key
-would say the same), so a forged key makes a candidate recoverable, never stuck.
-Reads only, outside any transaction (no row lock is held while they run); the
-connection is the domain's own (its queue's ``RQ_QUEUES`` entry,
-``domains.registry.domain_connection``); every Redis call is bounded by the socket
-timeouts in its URL, every vendor call by the provider's timeout (``call_with_timeout``).
+is evidence too. Reads only, outside any transaction (no row lock is held while
+they run); the connection is the domain's own (its queue's ``RQ_QUEUES`` entry,
+``domains.registry.domain_connection``); every Redis call is bounded by the socket timeouts in its URL,
+every vendor call by the provider's timeout (``call_with_timeout``).
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from datetime import datetime
 import redis
 from rq.exceptions import NoSuchJobError
 from rq.intermediate_queue import IntermediateQueue
+from rq.job import Job as RQJob
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
@@ -28,7 +25,6 @@ from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains.base import ASK
 from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import RQ_WAITING, Evidence, JobState
-from dispatch_app.worker.rqworker.project_job import ProjectJob as RQJob
 
 
 @dataclass(frozen=True)
@@ -88,12 +84,7 @@ def worker_seen(name: str | None, connection: redis.Redis) -> tuple[bool | None,
     if not name:
         return None, None
     key = Worker.redis_worker_namespace_prefix + name
-    try:
-        worker = Worker.find_by_key(key, connection=connection)
-    except redis.RedisError:
-        raise
-    except Exception:  # noqa: BLE001 - RQ's parse of a forged hash ("yesterday" as a heartbeat): no live worker's
-        return False, None
+    worker = Worker.find_by_key(key, connection=connection)
     if worker is None:
         return False, None
     if worker.death_date is not None:
