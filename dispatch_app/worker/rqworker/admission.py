@@ -193,26 +193,28 @@ def drop_malformed(worker_name: str, conn: redis.Redis, queue: str, intermediate
                 pipe.lrem(intermediate, 1, raw)
             _count(pipe, verdict, now())
         pipe.execute()
+    message = "worker %s: id %s taken from %s refused: not an RQ job id (bad_id), nothing of it read or run"
     for raw in ids:
         shown = repr(raw[:100])
-        extra = {"action": "job_refused", "domain": queue, "job_id": shown, "kind": BAD_ID}
-        message = "worker %s: id %s taken from %s refused: not an RQ job id (bad_id), nothing of it read or run"
-        level = logging.INFO if BAD_ID in _told else logging.ERROR
-        _told.add(BAD_ID)
-        log.log(level, message, worker_name, shown, queue, extra=extra)
+        _log_refusal(BAD_ID, queue, shown, message, worker_name, shown, queue)
+
+
+def _log_refusal(kind: str, queue: str, job_id: str, message: str, *args) -> None:
+    """The first refusal of a kind in this process at ERROR, later ones at INFO (a flood stays readable)."""
+    extra = {"action": "job_refused", "domain": queue, "job_id": job_id, "kind": kind}
+    if kind not in _told:
+        _told.add(kind)
+        log.error(message + "; later refusals of this kind are logged at INFO", *args, extra=extra)
+    else:
+        log.info(message, *args, extra=extra)
 
 
 def refuse(worker, taken, verdict: Verdict) -> None:
     """Fail the job without running it (RQ's failed registry keeps it), log and count the refusal."""
     job, queue = taken.job, taken.queue
-    extra = {"action": "job_refused", "domain": queue.name, "job_id": job.id[:100], "kind": verdict.kind}
     message = "worker %s: job %r refused, not the project's work (%s: %s), function %r: never imported or run"
     args = (worker.name, job.id[:100], verdict.kind, verdict.reason, verdict.func)
-    if verdict.kind not in _told:
-        _told.add(verdict.kind)
-        log.error(message + "; later refusals of this kind are logged at INFO", *args, extra=extra)
-    else:
-        log.info(message, *args, extra=extra)
+    _log_refusal(verdict.kind, queue.name, job.id[:100], message, *args)
     if verdict.kind == UNREADABLE:
         worker._note_unreadable(job.id, verdict.reason)
         worker.failed_job_count += 1
