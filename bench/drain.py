@@ -17,7 +17,8 @@ Drain time is from the DB clock at "go" to the last ``dispatched_at``.
 from __future__ import annotations
 
 from bench import Context, record, side_by_side
-from bench.load import Child, db_now, dispatch_offsets, pending_count, seed_pending, wait_until
+from bench.load import Child, db_now, dispatch_offsets, pending_count, wait_until
+from bench.seed import seed_pending
 from bench.stats import batches_for, cumulative_progress, predicted_tick_wait, rate
 
 NAME = "drain"

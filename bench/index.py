@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from bench import Context, record, side_by_side
-from bench.load import seed_pending
+from bench.seed import seed_pending
 from bench.stats import rate, ratio, summarize
 
 NAME = "index"

@@ -19,7 +19,8 @@ Variants (same arrival rate, same dispatcher process shape):
 from __future__ import annotations
 
 from bench import Context, record, side_by_side
-from bench.load import latency_run, seed_stale
+from bench.load import latency_run
+from bench.seed import seed_stale
 from bench.stats import ratio
 
 NAME = "isolation"

@@ -4,7 +4,7 @@
 - ``submit_paced``: the outbox write at a fixed rate; records the client-side commit time.
 - ``RQObserver``: pops our Redis db's RQ queue lists (BLPOP), recording when each
   job id arrived: the client-side "commit -> in RQ" with one monotonic clock.
-- ``seed_pending`` / ``seed_stale``: bulk SQL for backlogs.
+- Backlogs written in bulk SQL: ``bench.seed``.
 - ``db_latencies``: ``dispatched_at - submitted_at`` (and ``started_at``) from the DB clock.
 """
 
@@ -150,7 +150,7 @@ class RQObserver:
         self.thread.join(5)
 
 
-def _domains(domains: list[str] | None) -> list[str]:
+def domain_keys(domains: list[str] | None) -> list[str]:
     from dispatch_app.demo_payloads import demo_domain_keys
 
     return list(domains or demo_domain_keys())
@@ -173,7 +173,7 @@ def submit_paced(
     from dispatch_app.demo_payloads import demo_payload
     from dispatch_app.outbox import JobSpec, submit_many
 
-    keys = _domains(domains)
+    keys = domain_keys(domains)
     group = max(1, round(rate * group_interval))
     interval = group / rate
     committed: dict[int, float] = {}
@@ -225,85 +225,6 @@ def queue_names() -> list[str]:
     from dispatch_app.domains import lane_queue_names
 
     return list(lane_queue_names())
-
-
-def _domain_arrays(domains: list[str] | None) -> tuple[list[str], list[str]]:
-    from dispatch_app.domains import get_domain
-
-    keys = _domains(domains)
-    return keys, [get_domain(k).queue for k in keys]
-
-
-def seed_pending(count: int, *, domains: list[str] | None = None, envelope_status: str = "pending") -> tuple[int, int]:
-    """`count` submitted jobs with one envelope each, claimable now; returns (first, last) job id."""
-    from django.db import connection
-
-    keys, queues = _domain_arrays(domains)
-    job_status = "submitted" if envelope_status == "pending" else "queued"
-    dispatched = "clock_timestamp()" if envelope_status != "pending" else "NULL"
-    with connection.cursor() as cursor:
-        cursor.execute("SET statement_timeout = 0")
-        cursor.execute(
-            f"""
-            WITH j AS (
-                INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id,
-                                              submitted_at, updated_at, dispatched_at)
-                SELECT (%(keys)s::text[])[1 + g %% %(n)s], %(job_status)s, 1,
-                       '{{"workflow_id": "bench", "steps": ["a"]}}'::jsonb, '', '',
-                       clock_timestamp(), clock_timestamp(), {dispatched}
-                FROM generate_series(0, %(count)s - 1) g
-                RETURNING id, domain
-            )
-            INSERT INTO dispatch_app_dispatchenvelope (job_id, attempt, domain, queue, status, available_at,
-                                                       send_attempts, last_error, created_at, dispatched_at)
-            SELECT j.id, 1, j.domain, (%(queues)s::text[])[array_position(%(keys)s::text[], j.domain)],
-                   %(env_status)s, clock_timestamp() - interval '1 second', 0, '', clock_timestamp(), {dispatched}
-            FROM j ORDER BY j.id
-            RETURNING job_id
-            """,
-            {
-                "keys": keys,
-                "queues": queues,
-                "n": len(keys),
-                "count": count,
-                "job_status": job_status,
-                "env_status": envelope_status,
-            },
-        )
-        ids = [row[0] for row in cursor.fetchall()]
-        cursor.execute("RESET statement_timeout")
-        cursor.execute("ANALYZE dispatch_app_dispatchenvelope")
-        cursor.execute("ANALYZE dispatch_app_job")
-    return (min(ids), max(ids)) if ids else (0, 0)
-
-
-def seed_stale(per_domain: int, domains: list[str], *, oldest_hours: float = 2.0) -> None:
-    """`per_domain` queued jobs per domain whose last update lies between 1 h and `oldest_hours` ago."""
-    from django.db import connection
-
-    spread = (oldest_hours - 1.0) * 3600.0
-    with connection.cursor() as cursor:
-        cursor.execute("SET statement_timeout = 0")
-        for domain in domains:
-            cursor.execute(
-                """
-                INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id,
-                                              submitted_at, updated_at, dispatched_at)
-                SELECT %(domain)s, 'queued', 1, %(payload)s::jsonb, '', '', ts, ts, ts
-                FROM (SELECT clock_timestamp() - interval '1 hour'
-                             - make_interval(secs => %(spread)s * g / %(n)s) AS ts
-                      FROM generate_series(1, %(n)s) g) s
-                """,
-                {"domain": domain, "payload": json.dumps(_payload(domain)), "spread": spread, "n": per_domain},
-            )
-        cursor.execute("RESET statement_timeout")
-        cursor.execute("ANALYZE dispatch_app_job")
-
-
-def _payload(domain: str) -> dict:
-    from dispatch_app.demo_payloads import demo_payload
-
-    return demo_payload(domain, 0)
 
 
 def db_now() -> float:

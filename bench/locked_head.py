@@ -12,7 +12,8 @@ import threading
 import time
 
 from bench import Context, record, side_by_side
-from bench.load import Child, db_now, dispatch_offsets, pending_count, seed_pending, wait_until
+from bench.load import Child, db_now, dispatch_offsets, pending_count, wait_until
+from bench.seed import seed_pending
 from bench.stats import ratio
 
 NAME = "locked-head"

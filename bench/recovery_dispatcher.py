@@ -30,7 +30,8 @@ import threading
 import time
 
 from bench import Context, record, side_by_side
-from bench.load import latency_run, seed_stale
+from bench.load import latency_run
+from bench.seed import seed_stale
 from bench.stats import ratio
 
 NAME = "recovery-dispatcher"

@@ -45,8 +45,9 @@ import time
 from collections import Counter
 
 from bench import Context, record, side_by_side
-from bench.load import Child, seed_stale, wait_until
+from bench.load import Child, wait_until
 from bench.procs import Proc
+from bench.seed import seed_stale
 from bench.stats import cdf_points, ratio, summarize
 from bench.workers import Workers
 

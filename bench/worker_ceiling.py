@@ -94,7 +94,8 @@ def _rq_span(redis, ids: list[str]) -> float:
 
 
 def _rq_variant(ctx: Context, variant: str, count: int) -> dict:
-    from bench.load import Child, pending_count, seed_pending, wait_until
+    from bench.load import Child, pending_count, wait_until
+    from bench.seed import seed_pending
 
     env = ctx.env
     with private_redis(env) as redis_pid:

@@ -12,15 +12,19 @@ PYTHON = sys.executable
 MANAGE = str(ROOT / "manage.py")
 
 
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
-    """A bounded poll for cross-process effects: a safety net, never thread synchronisation."""
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message="condition"):
+    """A bounded poll for cross-process effects: a safety net, never thread synchronisation.
+
+    ``message`` names what was awaited; a callable is called only on time-out (to show a child's log then).
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+            shown = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout}s waiting for {shown}")
         time.sleep(interval)
 
 

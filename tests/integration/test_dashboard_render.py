@@ -132,7 +132,7 @@ def test_a_domain_whose_redis_is_down_raises_no_dead_worker_banner_for_its_runni
 
 @pytest.fixture
 def private_redis():
-    from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
+    from tests.private_servers import PrivateRedis, make_base_dir, remove_tree
 
     base = make_base_dir("pf-render-")
     server = PrivateRedis(base)

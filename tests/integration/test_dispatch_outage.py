@@ -16,9 +16,9 @@ from dispatch_app.ops.metrics import DispatchMetrics
 from dispatch_app.ops.wiring import FanOut
 from dispatch_app.runtime.wake import NOTIFY
 from dispatch_app.store.claim import Claimed
-from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import DrainLog, loop_settings
+from tests.private_servers import PrivateRedis, make_base_dir, remove_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

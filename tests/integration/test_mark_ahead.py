@@ -17,6 +17,7 @@ from dispatch_app.models import DispatchEnvelope, DomainPause, Job
 from dispatch_app.store import claim
 from dispatch_app.store.claim import CLAIM_SQL
 from tests.factories import PAYLOADS
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,14 +83,14 @@ def test_an_envelope_a_peers_uncommitted_claim_holds_is_waited_for_then_left_to_
         thread.start()
         # Bounded wait until the mark is blocked on the peer's row lock (a real lock wait, not a sleep). The
         # observer is in autocommit: inside a transaction pg_stat_activity is a snapshot taken at its first read.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            waiting = observer.execute(
+        waiting = wait_until(
+            lambda: observer.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            ).fetchone()[0]
-            if waiting:
-                break
-            time.sleep(0.01)
+            ).fetchone()[0],
+            timeout=10,
+            interval=0.01,
+            message="the mark to wait for the peer's row lock",
+        )
         assert waiting == 1, "the mark waits for the peer's claim"
         assert not done.is_set()
         peer.commit()

@@ -13,133 +13,23 @@ import threading
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection
 
 from dispatch_app import submit
-from dispatch_app.dispatch.announced import parse
-from dispatch_app.dispatch.arming import DISARM_AT_CLAIMED, REARM_AT_CLAIMED, Arming
-from dispatch_app.dispatch.listener import Listener, listener_conninfo
-from dispatch_app.dispatch.loop import DispatchLoop
-from dispatch_app.dispatch.publisher import Publisher
-from dispatch_app.models import DispatchEnvelope, NotifyArm
-from dispatch_app.runtime.wake import CATCH_UP, HANDOVER, NOTIFY, POLL, STOP, Wake
+from dispatch_app.dispatch.listener import listener_conninfo
+from dispatch_app.models import NotifyArm
+from dispatch_app.runtime.wake import CATCH_UP, HANDOVER, NOTIFY, STOP
 from tests.factories import PAYLOADS
-from tests.helpers import wait_until
-from tests.integration.loop_kit import loop_settings
-from tests.integration.test_notify import SENTINEL, listen, received_until_sentinel, sentinel  # noqa: F401
+from tests.integration import arming_kit
+from tests.integration.arming_kit import HeldWriter, announced, armed_rows, status
+from tests.integration.test_notify import SENTINEL, listen, sentinel  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class HeldWriter(threading.Thread):
-    """submit() in its own transaction, held open after the INSERT (its trigger has run) until released."""
-
-    def __init__(self, isolation: str | None = None, before_insert: threading.Event | None = None):
-        super().__init__(daemon=True)
-        self.isolation = isolation
-        self.before_insert = before_insert
-        self.inserted = threading.Event()
-        self.snapshot_taken = threading.Event()
-        self.release = threading.Event()
-        self.done = threading.Event()
-        self.xid: str | None = None
-        self.job = None
-        self.error: BaseException | None = None
-
-    def run(self):
-        try:
-            with transaction.atomic():
-                if self.isolation:
-                    with connection.cursor() as cursor:
-                        cursor.execute(f"SET TRANSACTION ISOLATION LEVEL {self.isolation}")
-                        cursor.execute("SELECT count(*) FROM dispatch_app_notifyarm")  # the snapshot is taken here
-                    self.snapshot_taken.set()
-                    assert self.before_insert.wait(10)
-                self.job = submit("delivery", PAYLOADS["delivery"])
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_current_xact_id()::text")
-                    self.xid = cursor.fetchone()[0]
-                self.inserted.set()
-                assert self.release.wait(10), "never released"
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            self.error = exc
-        finally:
-            connections.close_all()
-            self.done.set()
-
-    def commit(self):
-        self.release.set()
-        assert self.done.wait(10)
-        assert self.error is None, self.error
-
-
-class Dispatcher:
-    """A dispatch loop and its arming, driven from the test thread; optionally a real Listener on the same wake."""
-
-    def __init__(self, redis_conn, *, listener: bool = False, clock=None):
-        self.conf = loop_settings(BATCH_SIZE=10)
-        self.wake = Wake()
-        self.stop = threading.Event()
-        self.listening = threading.Event()
-        self.listener = None
-        if listener:
-            self.listener = Listener(self.conf, self.wake, self.stop)
-            self.arming = self.wake.arming
-        else:
-            self.listening.set()
-            kwargs = {"clock": clock} if clock else {}
-            self.arming = Arming(self.conf, self.wake, listening=self.listening, stop=self.stop, **kwargs)
-            self.wake.arming = self.arming
-        self.loop = DispatchLoop(self.conf, wake=self.wake, stop=self.stop, publisher=Publisher(self.conf, redis_conn))
-
-    def start_listening(self):
-        self.listener.start()
-        assert self.listener.connected.wait(10)
-        assert self.wake.wait(10) == CATCH_UP
-
-    def scan(self, trigger):
-        return self.loop.run_once(trigger)
-
-    def close(self):
-        self.stop.set()
-        self.wake.set(STOP)
-        if self.listener is not None:
-            assert self.listener.join(10)
-        self.loop.close()
-
-
 @pytest.fixture
 def dispatcher(redis_conn):
-    made = []
-
-    def make(**kwargs):
-        d = Dispatcher(redis_conn, **kwargs)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.close()
-
-
-def armed_rows() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM dispatch_app_notifyarm WHERE armed_until > clock_timestamp()")
-        return cursor.fetchone()[0]
-
-
-def status(job) -> str:
-    return DispatchEnvelope.objects.get(job=job).status
-
-
-def announced(listen, sentinel) -> list[str]:  # noqa: F811
-    """The domains the commits so far announced: one per envelope a payload names (dispatch.announced)."""
-    sentinel()
-    got = []
-    for payload in received_until_sentinel(listen)[:-1]:
-        named = parse(payload)
-        got.extend([e.domain for e in named] if named else [payload])
-    return got
+    yield from arming_kit.dispatchers(redis_conn)
 
 
 def test_with_no_dispatcher_armed_a_commit_announces_nothing(listen, sentinel):  # noqa: F811
@@ -227,37 +117,6 @@ def test_a_writer_on_an_older_snapshot_always_notifies(isolation, listen, sentin
     assert announced(listen, sentinel) == ["delivery"], "its snapshot could predate any arm: it must announce"
 
 
-def test_a_busy_dispatcher_disarms_and_its_writers_stop_notifying(dispatcher, listen, sentinel):  # noqa: F811
-    d = dispatcher(listener=True)
-    d.start_listening()
-    d.scan(CATCH_UP)
-    assert d.wake.wait(0) == HANDOVER
-    d.scan(HANDOVER)
-    submit("delivery", PAYLOADS["delivery"])
-    assert d.wake.wait(10) == NOTIFY
-    for _ in range(DISARM_AT_CLAIMED - 1):
-        submit("delivery", PAYLOADS["delivery"])  # arrive while the dispatcher "drains"
-    wait_until(lambda: d.listener.notifications >= DISARM_AT_CLAIMED, 10, message="the other NOTIFYs")
-    result = d.scan(NOTIFY)
-    assert result.claimed == DISARM_AT_CLAIMED
-    assert not d.arming.armed and armed_rows() == 0, "work keeps arriving faster than drains: disarmed"
-    job = submit("delivery", PAYLOADS["delivery"])
-    # The earlier commits were announced, this one was not: a busy dispatcher needs no announcements.
-    assert announced(listen, sentinel) == ["delivery"] * DISARM_AT_CLAIMED
-    # (The real listener hears the sentinel too; it collapses into the wake still pending.)
-    wait_until(lambda: d.listener.notifications >= DISARM_AT_CLAIMED + 1, 10, message="the sentinel")
-    assert d.wake.wait(0) == NOTIFY
-    assert d.scan(NOTIFY).dispatched == 1
-    assert status(job) == "dispatched"
-    # Disarmed, it found one job: a quiet scan (a trickle or a gap). It scans again after a short linger
-    # (no tick); a second quiet scan in a row and it arms.
-    assert not d.arming.armed, "one quiet scan after work is only a gap"
-    assert d.wake.wait(10) == POLL
-    assert d.scan(POLL).claimed == 0
-    assert d.arming.armed and armed_rows() == 1
-    assert d.wake.wait(0) == HANDOVER
-
-
 def test_any_armed_dispatcher_suffices(dispatcher, listen, sentinel):  # noqa: F811
     busy, idle = dispatcher(), dispatcher()
     idle.arming.arm()
@@ -335,79 +194,3 @@ def test_the_fence_ignores_transactions_of_other_databases(dispatcher, settings)
         assert far not in d.arming.fence
         elsewhere.rollback()
         here.rollback()
-
-
-def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
-    d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED})())  # many commits since the last scan
-    assert not d.arming.armed and armed_rows() == 0
-    assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
-
-
-def drain(claimed: int, first: int | None = None):
-    return type("R", (), {"claimed": claimed, "claimed_first": claimed if first is None else first})()
-
-
-def test_a_disarmed_dispatcher_at_a_trickle_arms_again_but_not_while_busy(dispatcher):
-    """Disarmed by a burst, then one job per linger (200/s): it must not stay a poller for good."""
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
-    d.arming.drained(drain(DISARM_AT_CLAIMED))  # the burst
-    assert not d.arming.armed
-    for claimed in (REARM_AT_CLAIMED + 1, REARM_AT_CLAIMED, REARM_AT_CLAIMED + 1, REARM_AT_CLAIMED):
-        assert d.wake.wait(10) == POLL
-        d.arming.drained(drain(claimed))
-        assert not d.arming.armed, "busy scans between the quiet ones keep it polling"
-    assert d.wake.wait(10) == POLL
-    d.arming.drained(drain(REARM_AT_CLAIMED))  # the second quiet scan in a row
-    assert d.arming.armed and armed_rows() == 1
-    assert d.wake.wait(0) == HANDOVER
-
-
-def test_redispatches_neither_disarm_nor_keep_a_dispatcher_polling(dispatcher):
-    """A recovery storm's bursts are later attempts: only new work (first attempts) counts."""
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
-    d.arming.drained(drain(50, first=1))
-    assert d.arming.armed and armed_rows() == 1, "a burst of re-dispatches must not disarm"
-    d.arming.drained(drain(DISARM_AT_CLAIMED + 1, first=DISARM_AT_CLAIMED))
-    assert not d.arming.armed
-    for _ in range(2):
-        assert d.wake.wait(10) == POLL
-        d.arming.drained(drain(50, first=0))
-    assert d.arming.armed, "scans that found only re-dispatches are quiet for new work"
-
-
-def test_a_few_envelopes_per_drain_keep_the_dispatcher_armed(dispatcher):
-    """A few hundred jobs/s: announcements are cheap for the writers and keep commit -> dispatched short."""
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
-    d.wake.set(NOTIFY)  # one more commit announced while it drained
-    d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED - 1})())
-    assert d.arming.armed and armed_rows() == 1
-
-
-def test_a_long_transaction_in_the_fence_blocks_nothing(dispatcher):
-    d = dispatcher(listener=True)
-    d.start_listening()
-    with psycopg.connect(**listener_conninfo()) as long_one:
-        xid = long_one.execute("SELECT pg_current_xact_id()::text").fetchone()[0]  # holds an xid, commits nothing
-        assert d.scan(CATCH_UP).claimed == 0
-        assert xid in d.arming.fence
-        assert d.wake.wait(0) == HANDOVER
-        d.scan(HANDOVER)
-        # Armed while the fence stays open: a commit is announced and served at once.
-        job = submit("delivery", PAYLOADS["delivery"])
-        assert d.wake.wait(10) == NOTIFY
-        assert d.scan(NOTIFY).dispatched == 1
-        assert status(job) == "dispatched"
-        assert xid in d.arming.fence
-        long_one.rollback()
-    # Its end is noticed by the fence check: one more scan, then the fence is closed.
-    assert d.wake.wait(10) == HANDOVER
-    assert d.arming.fence == []

@@ -13,9 +13,9 @@ from dispatch_app.dispatch.loop import DispatchLoop
 from dispatch_app.dispatch.publisher import Publisher, rq_job_id
 from dispatch_app.models import DispatchEnvelope
 from dispatch_app.store import claim
-from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.factories import PAYLOADS
 from tests.integration.loop_kit import loop_settings
+from tests.private_servers import PrivateRedis, make_base_dir, remove_tree
 
 pytestmark = pytest.mark.django_db
 

@@ -22,10 +22,10 @@ from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.recovery.evidence import rq_job_status
 from dispatch_app.recovery.policy import resolve
 from dispatch_app.recovery.round import Round
-from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 from tests.integration.loop_kit import loop_settings
+from tests.private_servers import PrivateRedis, make_base_dir, remove_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

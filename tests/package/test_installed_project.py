@@ -10,6 +10,7 @@ admin's dashboard answers 200 listing the project's queues only -- no demo domai
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -19,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -29,7 +29,7 @@ import dj_database_url
 import psycopg
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 pytestmark = [
     pytest.mark.package,
@@ -273,36 +273,49 @@ def test_the_wheel_in_a_new_project_runs_a_task_enqueued_in_a_views_transaction(
     }
     try:
         base = f"http://127.0.0.1:{port}/shop"
-        deadline = time.monotonic() + 60
-        while True:
+
+        def log(name: str) -> str:
+            return (tmp_path / f"{name}.log").read_text()[-3000:]
+
+        def answers() -> bool:
             try:
                 get_json(f"{base}/abandoned/")
-                break
             except urllib.error.HTTPError:
                 raise  # the server answers, wrongly
             except OSError:  # not listening yet
-                assert time.monotonic() < deadline, (tmp_path / "web.log").read_text()
-                time.sleep(0.2)
+                return False
+            return True
+
+        wait_until(answers, timeout=60, interval=0.2, message=lambda: f"the web server:\n{log('web')}")
         order = get_json(f"{base}/order/?order=o-1")
         expected = {
             "send_receipt": (order["receipt"], {"sent": "receipt 1 to buyer@example.com"}),
             "make_thumbnail": (order["thumbnail"], {"thumbnail": "shoe.png@64", "attempt": 1}),
         }
+
+        def succeeded(task_name: str, result_id: str):
+            found = get_json(f"{base}/result/{task_name}/{result_id}/")
+            assert found["status"] in ("READY", "RUNNING", "SUCCESSFUL"), found
+            for name, proc in procs.items():
+                assert proc.poll() is None, f"{name} exited:\n{log(name)}"
+            return found if found["status"] == "SUCCESSFUL" else None
+
         for task_name, (result_id, value) in expected.items():
-            deadline = time.monotonic() + 60
-            while (found := get_json(f"{base}/result/{task_name}/{result_id}/"))["status"] != "SUCCESSFUL":
-                assert found["status"] in ("READY", "RUNNING"), found
-                for name, proc in procs.items():
-                    assert proc.poll() is None, f"{name} exited:\n{(tmp_path / f'{name}.log').read_text()[-3000:]}"
-                assert time.monotonic() < deadline, {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in procs}
-                time.sleep(0.2)
+            found = wait_until(
+                functools.partial(succeeded, task_name, result_id),
+                timeout=60,
+                interval=0.2,
+                message=lambda name=task_name: f"{name} to succeed: { {n: log(n) for n in procs} }",
+            )
             assert found["return_value"] == value
+
         # The recovery loops run in rundispatcher's child process (started from the project's manage.py):
         # their ticks reach the parent's heartbeat rows, and the parent saw no child death.
-        deadline = time.monotonic() + 60
-        while (loops := recovery_loops(database)).get("recovery-thumbnails", (None,))[0] is None:
-            assert time.monotonic() < deadline, (loops, (tmp_path / "dispatcher.log").read_text()[-3000:])
-            time.sleep(0.5)
+        def ticked():
+            loops = recovery_loops(database)
+            return loops if loops.get("recovery-thumbnails", (None,))[0] is not None else None
+
+        loops = wait_until(ticked, timeout=60, interval=0.5, message=lambda: f"the loops' ticks:\n{log('dispatcher')}")
         assert loops["recovery-process"][1:] == (0, ""), loops
         for name, proc in procs.items():
             assert proc.poll() is None, f"{name} exited:\n{(tmp_path / f'{name}.log').read_text()}"

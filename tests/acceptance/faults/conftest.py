@@ -15,14 +15,9 @@ import uuid
 
 import pytest
 
-from tests.acceptance.faults.infra import (
-    PrivatePostgres,
-    PrivateRedis,
-    Stack,
-    make_base_dir,
-    remove_tree,
-)
+from tests.acceptance.faults.infra import Stack
 from tests.helpers import MANAGE, PYTHON, ROOT
+from tests.private_servers import PrivatePostgres, PrivateRedis, make_base_dir, remove_tree
 
 TEMPLATE_DB = "pf_faults_template"
 

@@ -11,9 +11,9 @@ back every workflow job is delivered and runs.
 import pytest
 
 from tests.acceptance.faults import invariants
-from tests.acceptance.faults.infra import PrivateRedis, make_base_dir, remove_tree
 from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 from tests.helpers import wait_until
+from tests.private_servers import PrivateRedis, make_base_dir, remove_tree
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(240)]
 
