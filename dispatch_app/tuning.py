@@ -152,3 +152,14 @@ SILENT_PERIODS = 2.5
 # --- dispatch_app.management.commands._migrated ----------------------------------------------------------------------
 # A command started with PostgreSQL still coming up waits this long for it before it gives up.
 STARTUP_DB_WAIT = 30.0
+
+# --- dispatch_app.runtime.session_bounds -----------------------------------------------------------------------------
+# The bounds our long-running commands give a session of theirs that the project's settings and the server leave
+# unbounded: the values this repository's productflow/settings.py gives every session (PG_*_TIMEOUT_MS, README), under
+# which the fault suite runs (scenario 7: a lock wait cut, a stuck transaction ended by the server).
+SESSION_BOUNDS_MS = {
+    "statement_timeout": 30_000,
+    "lock_timeout": 5_000,
+    "idle_in_transaction_session_timeout": 60_000,
+}
+SESSION_CONNECT_TIMEOUT = 10  # seconds; libpq's default is to wait as long as the kernel's TCP connect does
