@@ -33,7 +33,9 @@ Variants, run interleaved, ``--repeat`` times:
 
 Reported: new-job commit -> first line p50/p95/p99 and their ratios to
 ``none`` at the same rate; recovered work's progress: jobs re-dispatched by
-recovery and recovered attempts started per minute (all domains and delivery).
+recovery and recovered attempts started per minute (all domains and delivery);
+and, on the database's clock, where the new jobs' wait went and what ran beside
+the slowest of them (``bench.storm_stages``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from bench.load import Child, wait_until
 from bench.procs import Proc
 from bench.seed import seed_stale
 from bench.stats import cdf_points, ratio, summarize
+from bench.storm_stages import stage_split
 from bench.workers import Workers
 
 NAME = "recovery-storm"
@@ -188,6 +191,7 @@ def run(ctx: Context) -> list[dict]:
             metrics["recovered_delivery_started_per_min"] = 60.0 * by_domain["delivery"] / window
             metrics["redispatched"] = _redispatched(t_go, t_end)
             metrics["redispatched_per_min_per_domain"] = 60.0 * metrics["redispatched"] / len(domains) / window
+            metrics.update(stage_split(list(first), t_go, t_end))
             if saturated:
                 # Of what the delivery worker started while the new jobs came faster than it ran them.
                 in_window = [a for d, _, a, at in seen if d == "delivery" and t_go <= at <= t_end]
