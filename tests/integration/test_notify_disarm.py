@@ -59,24 +59,28 @@ def test_a_busy_dispatcher_disarms_and_its_writers_stop_notifying(dispatcher, li
     assert d.wake.wait(0) == HANDOVER
 
 
-def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
-    d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED})())  # many commits since the last scan
-    assert not d.arming.armed and armed_rows() == 0
-    assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
-
-
 def drain(claimed: int, first: int | None = None):
     return type("R", (), {"claimed": claimed, "claimed_first": claimed if first is None else first})()
 
 
-def test_a_disarmed_dispatcher_at_a_trickle_arms_again_but_not_while_busy(dispatcher):
-    """Disarmed by a burst, then one job per linger (200/s): it must not stay a poller for good."""
+def armed(dispatcher):
+    """A dispatcher just armed, its hand-over scan taken from the wake."""
     d = dispatcher()
     d.arming.arm()
     assert d.wake.wait(0) == HANDOVER
+    return d
+
+
+def test_a_drain_of_several_envelopes_disarms_and_polls_instead(dispatcher):
+    d = armed(dispatcher)
+    d.arming.drained(drain(DISARM_AT_CLAIMED))  # many commits since the last scan
+    assert not d.arming.armed and armed_rows() == 0
+    assert d.wake.wait(10) == POLL, "disarmed, it must scan again without a tick"
+
+
+def test_a_disarmed_dispatcher_at_a_trickle_arms_again_but_not_while_busy(dispatcher):
+    """Disarmed by a burst, then one job per linger (200/s): it must not stay a poller for good."""
+    d = armed(dispatcher)
     d.arming.drained(drain(DISARM_AT_CLAIMED))  # the burst
     assert not d.arming.armed
     for claimed in (REARM_AT_CLAIMED + 1, REARM_AT_CLAIMED, REARM_AT_CLAIMED + 1, REARM_AT_CLAIMED):
@@ -91,9 +95,7 @@ def test_a_disarmed_dispatcher_at_a_trickle_arms_again_but_not_while_busy(dispat
 
 def test_redispatches_neither_disarm_nor_keep_a_dispatcher_polling(dispatcher):
     """A recovery storm's bursts are later attempts: only new work (first attempts) counts."""
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
+    d = armed(dispatcher)
     d.arming.drained(drain(50, first=1))
     assert d.arming.armed and armed_rows() == 1, "a burst of re-dispatches must not disarm"
     d.arming.drained(drain(DISARM_AT_CLAIMED + 1, first=DISARM_AT_CLAIMED))
@@ -106,11 +108,9 @@ def test_redispatches_neither_disarm_nor_keep_a_dispatcher_polling(dispatcher):
 
 def test_a_few_envelopes_per_drain_keep_the_dispatcher_armed(dispatcher):
     """A few hundred jobs/s: announcements are cheap for the writers and keep commit -> dispatched short."""
-    d = dispatcher()
-    d.arming.arm()
-    assert d.wake.wait(0) == HANDOVER
+    d = armed(dispatcher)
     d.wake.set(NOTIFY)  # one more commit announced while it drained
-    d.arming.drained(type("R", (), {"claimed": DISARM_AT_CLAIMED - 1})())
+    d.arming.drained(drain(DISARM_AT_CLAIMED - 1))
     assert d.arming.armed and armed_rows() == 1
 
 
