@@ -317,6 +317,10 @@ def test_the_wheel_in_a_new_project_runs_a_task_enqueued_in_a_views_transaction(
 
         loops = wait_until(ticked, timeout=60, interval=0.5, message=lambda: f"the loops' ticks:\n{log('dispatcher')}")
         assert loops["recovery-process"][1:] == (0, ""), loops
+        # The project configures no logging (startproject's settings): our INFO lines still reach stderr, each
+        # naming its action (runtime.default_logging).
+        assert "action=recovery_process_started domain=recovery" in (tmp_path / "dispatcher.log").read_text()
+        assert "action=runworkers_start domain=worker" in (tmp_path / "workers.log").read_text()
         for name, proc in procs.items():
             assert proc.poll() is None, f"{name} exited:\n{(tmp_path / f'{name}.log').read_text()}"
     finally:

@@ -20,6 +20,7 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import domain_keys
 from dispatch_app.management.commands._args import SettingsErrorExit2
 from dispatch_app.management.commands._migrated import require_migrated
+from dispatch_app.runtime.default_logging import ensure_logging
 from dispatch_app.runtime.session_bounds import bound_sessions
 
 EXIT_BUSY = 3
@@ -57,6 +58,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         domains = list(dict.fromkeys(options["domains"] or domain_keys()))
         policies = [resolve(domain, conf.RECOVERY) for domain in domains]
         dry_run = options["dry_run"]
+        ensure_logging()
         bound_sessions()
         require_migrated()  # after the settings' own checks (exit code 2 needs no database)
 

@@ -28,6 +28,7 @@ from dispatch_app.management.commands._args import (
     positive_int,
 )
 from dispatch_app.management.commands._migrated import require_migrated
+from dispatch_app.runtime.default_logging import ensure_logging
 from dispatch_app.runtime.session_bounds import bound_sessions
 
 log = logging.getLogger("dispatch_app.rundispatcher")
@@ -86,7 +87,7 @@ class Command(SettingsErrorExit2, BaseCommand):
             LEASE_SECONDS=options["lease"],
             SHUTDOWN_DEADLINE=options["shutdown_deadline"],
         )
-        self._before_the_database(options)
+        self._before_starting(options)
         if options.get("recovery_child"):
             return self._recovery_child(conf, options)
         if not options.get("no_dispatch"):
@@ -138,9 +139,10 @@ class Command(SettingsErrorExit2, BaseCommand):
             # Not a clean stop: a supervisor (systemd, Kubernetes) and the operator must see it.
             raise CommandError(f"loops still running at the deadline: {', '.join(hung)}", returncode=EXIT_HUNG)
 
-    def _before_the_database(self, options) -> None:
+    def _before_starting(self, options) -> None:
         if not options.get("skip_checks"):
             self.check()
+        ensure_logging()  # a project without LOGGING still sees our lines (runtime.default_logging)
         bound_sessions()  # before the first statement, the recovery child's too (runtime.session_bounds)
 
     def _recovery_child(self, conf, options) -> None:

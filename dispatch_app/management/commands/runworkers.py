@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.management.commands._args import niceness, positive_int
 from dispatch_app.management.commands._migrated import require_migrated
+from dispatch_app.runtime.default_logging import ensure_logging
 from dispatch_app.runtime.session_bounds import bound_sessions
 from dispatch_app.worker.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
 
@@ -56,6 +57,7 @@ class Command(BaseCommand):
             late_lanes=not options["new_lanes_only"],
             nice=options["nice"],
         )
+        ensure_logging()
         bound_sessions()
         require_migrated()  # after the queues' own checks
         run(plan)

@@ -1,0 +1,69 @@
+"""runtime.default_logging: our records reach stderr, with their action, only where nothing else would take them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dispatch_app.runtime.default_logging import LOGGER, ensure_logging
+
+
+@pytest.fixture
+def unconfigured(monkeypatch):
+    """As in a project made with startproject: no handler on the root or on our logger, levels unset.
+
+    Called inside the test: pytest adds its capture handlers to the root after the fixtures ran.
+    """
+
+    def clear() -> logging.Logger:
+        ours = logging.getLogger(LOGGER)
+        monkeypatch.setattr(logging.root, "handlers", [])
+        monkeypatch.setattr(ours, "handlers", [])
+        monkeypatch.setattr(ours, "level", logging.NOTSET)
+        monkeypatch.setattr(logging.root, "level", logging.WARNING)
+        return ours
+
+    return clear
+
+
+def test_with_nothing_configured_info_lines_reach_stderr_with_their_action(unconfigured, capsys):
+    ours = unconfigured()
+    logging.getLogger("dispatch_app.dispatch").info("nothing runs yet")  # before: the last resort drops INFO
+    assert capsys.readouterr().err == ""
+    handler = ensure_logging()
+    assert handler is not None
+    try:
+        logging.getLogger("dispatch_app.dispatch").info(
+            "dispatch paused", extra={"action": "dispatch_paused", "domain": "delivery"}
+        )
+        logging.getLogger("dispatch_app.recovery").warning("no action named")
+        err = capsys.readouterr().err.splitlines()
+        assert err[0].endswith("INFO dispatch_app.dispatch dispatch paused action=dispatch_paused domain=delivery")
+        assert err[1].endswith("WARNING dispatch_app.recovery no action named")
+        assert ensure_logging() is None, "a second call adds no second handler"
+    finally:
+        ours.removeHandler(handler)
+
+
+def test_a_traceback_follows_the_action(unconfigured, capsys):
+    ours = unconfigured()
+    handler = ensure_logging()
+    try:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("dispatch_app.worker").exception("failed", extra={"action": "x_failed", "domain": "d"})
+        err = capsys.readouterr().err.splitlines()
+        assert err[0].endswith("failed action=x_failed domain=d")
+        assert err[-1] == "ValueError: boom"
+    finally:
+        ours.removeHandler(handler)
+
+
+def test_configured_logging_is_left_alone(unconfigured):
+    ours = unconfigured()
+    root_handler = logging.StreamHandler()
+    logging.root.addHandler(root_handler)
+    assert ensure_logging() is None
+    assert ours.handlers == [] and ours.level == logging.NOTSET
