@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -43,3 +45,22 @@ def database_url_for_subprocess() -> str:
     if socket_dir and not host:
         return f"postgresql://{auth}/{name}?host={quote(str(socket_dir))}"
     return f"postgresql://{auth}{host}{':' + str(port) if port else ''}/{name}"
+
+
+@contextmanager
+def extra_alias(name: str, options=None, **changes):
+    """A database alias of the test's own: the default's settings with ``changes`` (and ``options`` as its
+    OPTIONS when given), its connection closed and the alias gone afterwards. Allowed outside django_db tests only
+    (unblock the database first): a django_db test allows only the declared aliases."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    settings = {**copy.deepcopy(connections.settings[DEFAULT_DB_ALIAS]), **changes}
+    if options is not None:
+        settings["OPTIONS"] = options
+    connections.settings[name] = settings
+    try:
+        yield connections[name]
+    finally:
+        connections[name].close()
+        del connections[name]
+        del connections.settings[name]

@@ -7,7 +7,6 @@ database sets one server-side (kept), and the commands' own wiring on the defaul
 
 from __future__ import annotations
 
-import copy
 import io
 
 import psycopg
@@ -18,6 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.runtime.session_bounds import bound_sessions, unbound_sessions
 from dispatch_app.tuning import SESSION_BOUNDS_MS
+from tests.helpers import extra_alias
 
 PROBE = "bounds_probe"
 NAMES = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
@@ -33,15 +33,13 @@ def _unbind():
 @pytest.fixture
 def probe(django_db_blocker):
     """A second alias on the test database with no bound in its settings (no ``options``, no connect timeout)."""
-    settings = copy.deepcopy(connections.settings[DEFAULT_DB_ALIAS])
-    settings["OPTIONS"] = {
-        k: v for k, v in settings.get("OPTIONS", {}).items() if k not in ("options", "connect_timeout")
+    unbounded = {
+        k: v
+        for k, v in connections.settings[DEFAULT_DB_ALIAS].get("OPTIONS", {}).items()
+        if k not in ("options", "connect_timeout")
     }
-    connections.settings[PROBE] = settings
-    with django_db_blocker.unblock():
-        yield connections[PROBE]
-        connections[PROBE].close()
-    del connections[PROBE]
+    with django_db_blocker.unblock(), extra_alias(PROBE, options=unbounded) as probe:
+        yield probe
 
 
 def shown(conn) -> dict[str, str]:
@@ -90,13 +88,8 @@ def test_a_bound_the_server_sets_is_kept(probe):
 
 def test_other_aliases_are_left_alone(probe):
     bound_sessions(PROBE)
-    other = copy.deepcopy(connections.settings[PROBE])
-    connections.settings["bounds_other"] = other
-    try:
-        assert shown(connections["bounds_other"])["statement_timeout"] == "0"
-    finally:
-        connections["bounds_other"].close()
-        del connections["bounds_other"]
+    with extra_alias("bounds_other", options=dict(probe.settings_dict["OPTIONS"])) as other:
+        assert shown(other)["statement_timeout"] == "0"
 
 
 @pytest.mark.django_db

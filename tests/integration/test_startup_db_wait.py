@@ -8,13 +8,11 @@ PostgreSQL restarts), one at a database that does not exist.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from django.core.management.base import CommandError
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from dispatch_app.management.commands._migrated import require_migrated
+from tests.helpers import extra_alias
 
 PROBE = "startup_probe"
 
@@ -26,14 +24,8 @@ def probe_alias(django_db_blocker):
 
     Not a django_db test: that would allow only the declared aliases, and this one exists for the test alone.
     """
-    settings = copy.deepcopy(connections.settings[DEFAULT_DB_ALIAS])
-    settings["NAME"] = "postgres"
-    connections.settings[PROBE] = settings
-    with django_db_blocker.unblock():
-        yield connections[PROBE].settings_dict
-        connections[PROBE].close()
-    del connections[PROBE]
-    del connections.settings[PROBE]
+    with django_db_blocker.unblock(), extra_alias(PROBE, NAME="postgres") as probe:
+        yield probe.settings_dict
 
 
 class FakeTime:
