@@ -264,7 +264,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # Every dispatch_app record names a stable action and its domain (extra=): the line ends with both, so an
+        # operator can grep one action or one domain across the dispatcher's, workers' and recovery's logs.
+        "plain": {
+            "()": "dispatch_app.runtime.default_logging.ActionFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import logging.config
 
 import pytest
 
@@ -67,3 +68,16 @@ def test_configured_logging_is_left_alone(unconfigured):
     logging.root.addHandler(root_handler)
     assert ensure_logging() is None
     assert ours.handlers == [] and ours.level == logging.NOTSET
+
+
+def test_this_repositorys_settings_print_the_action_and_domain():
+    from django.conf import settings
+
+    formatter = logging.config.DictConfigurator(settings.LOGGING).configure_formatter(
+        settings.LOGGING["formatters"]["plain"]
+    )
+    record = logging.makeLogRecord({"name": "dispatch_app.recovery", "levelname": "ERROR", "msg": "round failed"})
+    record.action, record.domain = "recovery_round_failed", "delivery"
+    assert formatter.format(record).endswith(
+        "ERROR dispatch_app.recovery round failed action=recovery_round_failed domain=delivery"
+    )
