@@ -163,3 +163,11 @@ SESSION_BOUNDS_MS = {
     "idle_in_transaction_session_timeout": 60_000,
 }
 SESSION_CONNECT_TIMEOUT = 10  # seconds; libpq's default is to wait as long as the kernel's TCP connect does
+
+# --- dispatch_app.store.migration_locks ------------------------------------------------------------------------------
+# A transactional migration of ours waits at most this long for a lock (a shorter lock_timeout the session has is
+# kept), then rolls back what it took and tries again after MIGRATION_LOCK_BACKOFF x its try number, seconds: every
+# submit, claim and start queues behind a waiting lock request, so an upgrade must never wait long for one.
+MIGRATION_LOCK_TIMEOUT_MS = 2_000
+MIGRATION_LOCK_TRIES = 5
+MIGRATION_LOCK_BACKOFF = 1.0

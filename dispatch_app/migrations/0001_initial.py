@@ -5,9 +5,10 @@ import django.db.models.deletion
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     initial = True
 

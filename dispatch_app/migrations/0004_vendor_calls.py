@@ -5,9 +5,10 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 import dispatch_app.dbtime
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ("dispatch_app", "0003_notify_only_claimable"),

@@ -7,9 +7,10 @@ import pgtrigger.migrations
 from django.db import migrations, models
 
 import dispatch_app.dbtime
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ("dispatch_app", "0004_vendor_calls"),

@@ -6,6 +6,7 @@ import django.db.models.deletion
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
+from dispatch_app.store.migration_locks import BoundedMigration
 
 # A copy of dispatch_app.history_triggers.BACKFILL_SQL as it was when this migration was written.
 BACKFILL_SQL = """INSERT INTO dispatch_app_jobattempt (job_id, attempt, domain, created_at, due_at, dispatched_at, started_at, worker, finished_at, outcome, error)
@@ -26,7 +27,7 @@ ON CONFLICT (job_id, attempt) DO NOTHING;
 """
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ("dispatch_app", "0005_conditional_notify"),

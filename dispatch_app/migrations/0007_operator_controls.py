@@ -4,9 +4,10 @@
 from django.db import migrations, models
 
 import dispatch_app.dbtime
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
     dependencies = [
         ("dispatch_app", "0006_job_attempts"),
     ]

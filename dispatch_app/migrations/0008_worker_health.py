@@ -2,9 +2,10 @@
 # Worker health records (issue 9).
 
 from django.db import migrations
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ("dispatch_app", "0007_operator_controls"),

@@ -2,9 +2,10 @@
 # adding it rewrites nothing, and an untraced submit writes NULL.
 
 from django.db import migrations, models
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ("dispatch_app", "0008_worker_health"),

@@ -3,9 +3,10 @@
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ('dispatch_app', '0010_envelope_claim_indexes'),

@@ -2,9 +2,10 @@
 
 import dispatch_app.dbtime
 from django.db import migrations, models
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
     dependencies = [
         ("dispatch_app", "0011_announce_envelopes"),
     ]

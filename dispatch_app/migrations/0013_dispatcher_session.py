@@ -1,7 +1,8 @@
 from django.db import migrations, models
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
     """DispatcherProcess.session: the application_name of the process's liveness session (dispatch_app.liveness)."""
 
     dependencies = [

@@ -5,6 +5,7 @@
 # waits) while it scans the whole outbox. The state change is the model's; the database change is the DROP INDEX.
 
 from django.db import migrations, models
+from dispatch_app.store.migration_locks import BoundedMigration
 
 ENVELOPE_INDEX = "dispatch_app_dispatchenvelope_job_id_b7f066fc"
 ATTEMPT_INDEX = "dispatch_app_jobattempt_job_id_3c74db34"
@@ -17,7 +18,7 @@ def _drop(index: str, table: str) -> migrations.RunSQL:
     )
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
     atomic = False
 
     dependencies = [

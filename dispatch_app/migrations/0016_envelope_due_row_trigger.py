@@ -4,9 +4,10 @@ import dispatch_app.store.trigger_sql
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
 
     dependencies = [
         ('dispatch_app', '0015_triggers_without_ignore_check'),

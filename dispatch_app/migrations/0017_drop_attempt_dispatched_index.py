@@ -4,9 +4,10 @@
 
 from django.contrib.postgres.operations import RemoveIndexConcurrently
 from django.db import migrations
+from dispatch_app.store.migration_locks import BoundedMigration
 
 
-class Migration(migrations.Migration):
+class Migration(BoundedMigration):
     atomic = False
 
     dependencies = [
