@@ -7,7 +7,8 @@ as long as that transaction lasts. So each transactional migration of ours runs 
 ``MIGRATION_LOCK_TIMEOUT_MS`` (a shorter bound the session already has is kept), inside a savepoint: a lock wait that
 runs out rolls the savepoint back, which releases every lock the attempt took, waits a little and tries again, up to
 ``MIGRATION_LOCK_TRIES`` times. The last failure names the migration and the sessions holding locks on the tables it
-needed; nothing of it is left applied.
+needed; nothing of it is left applied. What the migration defers to its end (an index, a foreign key) runs inside
+the same savepoint, so a lock wait there is retried too.
 
 Non-transactional migrations (``CONCURRENTLY``) are the other way round: they stop no writer, but they wait for every
 older transaction to end and take as long as the table is big. Cut by a session's ``lock_timeout`` or
@@ -84,7 +85,9 @@ class BoundedMigration(migrations.Migration):
                 state = pristine.clone()
             try:
                 with transaction.atomic(using=connection.alias):
-                    return run(state, schema_editor, collect_sql)
+                    state = run(state, schema_editor, collect_sql)
+                    self._run_deferred(schema_editor, len(deferred))
+                    return state
             except OperationalError as exc:
                 if getattr(getattr(exc, "__cause__", None), "sqlstate", None) != LOCK_NOT_AVAILABLE:
                     raise
@@ -93,6 +96,18 @@ class BoundedMigration(migrations.Migration):
                     raise MigrationLockTimeout(self._gave_up(connection, bound_ms)) from exc
                 sleep(MIGRATION_LOCK_BACKOFF * attempt)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    @staticmethod
+    def _run_deferred(schema_editor, start: int) -> None:
+        """What the try deferred (an index, a foreign key) runs inside its savepoint, so a lock wait there is retried.
+
+        The schema editor would run it at its exit, right after this migration (the executor opens one per
+        migration), outside the savepoint; here it runs at the same point in the same order.
+        """
+        added = schema_editor.deferred_sql[start:]
+        del schema_editor.deferred_sql[start:]
+        for sql in added:
+            schema_editor.execute(sql)
 
     def _unbounded(self, run, project_state, schema_editor):
         connection = schema_editor.connection

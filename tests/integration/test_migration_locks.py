@@ -100,6 +100,21 @@ def test_it_goes_through_once_the_holder_ends(holder, quick, monkeypatch):
         assert cursor.fetchone()[0] != "200ms", "the bound is the migration transaction's own"
 
 
+def test_what_the_migration_defers_to_its_end_is_retried_with_it(holder, quick, monkeypatch):
+    def defer(apps, schema_editor):  # as CreateModel defers its indexes and foreign keys
+        schema_editor.deferred_sql.append(f"CREATE TABLE {PROBE} (id int)")
+        schema_editor.deferred_sql.append(f"LOCK TABLE {ENVELOPES} IN ACCESS EXCLUSIVE MODE")
+
+    migration = BoundedMigration("9999_probe", "dispatch_app")
+    migration.operations = [migrations.RunPython(defer)]
+    monkeypatch.setattr(migration_locks, "sleep", lambda seconds: (quick.append(seconds), holder.commit()))
+    with connection.schema_editor(atomic=True) as editor:
+        migration.apply(ProjectState(), editor)
+        assert editor.deferred_sql == [], "run once, inside the savepoint, not again at the editor's exit"
+    assert quick == [1.0], "the deferred lock wait was retried"
+    assert table_exists(PROBE)
+
+
 def test_a_shorter_bound_of_the_session_is_kept(holder, quick):
     with connection.cursor() as cursor:
         cursor.execute("SET lock_timeout = 50")
