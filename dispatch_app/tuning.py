@@ -171,3 +171,10 @@ SESSION_CONNECT_TIMEOUT = 10  # seconds; libpq's default is to wait as long as t
 MIGRATION_LOCK_TIMEOUT_MS = 2_000
 MIGRATION_LOCK_TRIES = 5
 MIGRATION_LOCK_BACKOFF = 1.0
+
+# --- dispatch_app.recovery.evidence, dispatch_app.ops.rqjobs, dispatch_app.ops.queue_order -------------------------
+# How far into one of RQ's lists (a queue, its intermediate list) a reader looks for ids, from the head. Redis runs
+# one command at a time: an unbounded LPOS on a backlog of a million ids held it 13 ms (a page of jobs or a recovery
+# round does dozens), and every send and take waited behind it. Workers take from the head, so a job waiting long
+# is near it; one further back is reported as such (not looked for), never as missing.
+RQ_LIST_READ_MAX = 5000

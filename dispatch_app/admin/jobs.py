@@ -54,7 +54,7 @@ def _queue_position(request) -> RawSQL:
     """SQL: the job's current attempt's place in line, read from Redis once per request (NULL: none found).
 
     A jsonb object lookup (a binary search over its keys) per row, not an array scan: the order is up to
-    ``queue_order.ORDER_MAX`` ids per lane."""
+    ``tuning.RQ_LIST_READ_MAX`` ids per lane."""
     if not hasattr(request, "_pf_queue_positions"):
         domain = request.GET.get("domain__exact")
         request._pf_queue_positions = queue_order.positions([domain] if domain else None)[0]

@@ -5,7 +5,7 @@ the ``recovery`` lane (``rqworker.fetch``). So a job's place in line is its inde
 in the recovery lane, the new lane's whole depth plus its index there: #1 is taken next. First-dispatch order
 in PostgreSQL only approximates this (a re-dispatch, an operator's retry, a lane), hence reading Redis.
 
-Each lane is read from its head up to ``ORDER_MAX`` ids (one pipeline per server: an LRANGE and an LLEN per
+Each lane is read from its head up to ``RQ_LIST_READ_MAX`` ids (one pipeline per server: an LRANGE and an LLEN per
 lane), so a page costs the same whatever the backlog; jobs further back, taken by a worker but not started, or
 on a server that cannot be read have no place and sort after the rest, by dispatch time. Redis trouble is
 returned, never raised: the list still renders.
@@ -20,8 +20,7 @@ import dispatch_app.ops.rqside as rqside
 import dispatch_app.redis_servers as redis_servers
 from dispatch_app.dispatch.publisher import parse_rq_job_id
 from dispatch_app.domains import all_domains
-
-ORDER_MAX = 5000  # ids read per lane, from its head
+from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 
 def key(job_id: int, attempt: int) -> str:
@@ -48,7 +47,7 @@ def _read(conn: redis.Redis, queues: list[str]) -> dict[str, int]:
         for queue in queues:
             for name in lanes.queues(queue):
                 pipe.llen(rqside.queue_key(name))
-                pipe.lrange(rqside.queue_key(name), 0, ORDER_MAX - 1)
+                pipe.lrange(rqside.queue_key(name), 0, RQ_LIST_READ_MAX - 1)
         raw = iter(pipe.execute())
     out: dict[str, int] = {}
     for queue in queues:

@@ -22,6 +22,7 @@ import dispatch_app.redis_servers as redis_servers
 import dispatch_app.rq_internals as rq_internals
 from dispatch_app.domains import UnknownDomain, get_domain
 from dispatch_app.models import JobAttempt
+from dispatch_app.tuning import RQ_LIST_READ_MAX
 from dispatch_app.worker.rqworker.fetch import TAKEN_BY
 
 LIVE = ("queued", "running")
@@ -46,6 +47,10 @@ class JobRQState:
     taken_by: str = ""  # a PipelineWorker took it off the queue and has not started it (rqworker.fetch)
     # In a late lane (dispatch_app.lanes): the new jobs waiting, which workers take before it.
     behind_new: int | None = None
+    # Queued and not in the first ``looked_at`` ids of its lanes, which hold ``unread`` ids: further back (Redis
+    # would run one unbounded scan per job of a page while every send and take waits), not looked for.
+    unread: int | None = None
+    looked_at: int = RQ_LIST_READ_MAX
 
     def judge_worker(self, info: rqside.WorkerInfo) -> None:
         """Take the running worker's verdict; a dead one's last heartbeat is the job's last sign of life."""
@@ -68,7 +73,7 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
                 rq_internals.job_key(f"pf-{job_id}-{attempt}"), "status", "worker_name", "last_heartbeat", TAKEN_BY
             )
             for lane in lanes.queues(queue):
-                pipe.lpos(rqside.queue_key(lane), f"pf-{job_id}-{attempt}")
+                pipe.lpos(rqside.queue_key(lane), f"pf-{job_id}-{attempt}", maxlen=RQ_LIST_READ_MAX)
         per_job = len(lanes.LANES) + 1
         for queue in queues:
             pipe.llen(rqside.queue_key(queue))
@@ -88,7 +93,10 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
             ((name, p) for name, p in zip(lanes.queues(queue), positions, strict=True) if p is not None), (queue, None)
         )
         # Taken off the queue by a worker that has not started it: that worker is the one to judge.
-        taken_by = rqside.text(taken_by) if position is None and rqside.text(status) == "queued" and not worker else ""
+        unlisted = position is None and rqside.text(status) == "queued"
+        taken_by = rqside.text(taken_by) if unlisted and not worker else ""
+        lane_depths = [depth[name] for name in lanes.queues(queue)]
+        unread = sum(lane_depths) if unlisted and not taken_by and max(lane_depths) > RQ_LIST_READ_MAX else None
         out[(job_id, attempt)] = JobRQState(
             rq_id=f"pf-{job_id}-{attempt}",
             queue=lane,
@@ -100,6 +108,7 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
             last_heartbeat=rqside.parse_utc(rqside.text(heartbeat)),
             taken_by=taken_by,
             behind_new=depth[queue] if lane != queue else None,
+            unread=unread,
         )
     workers = rqside.read_workers(
         conn, {n for ns in members.values() for n in ns} | {s.worker for s in out.values()} - {""}
@@ -195,6 +204,12 @@ def describe(status: str, state: JobRQState | None, *, fmt_instant) -> tuple[str
                 f"#{state.behind_new + state.position} in line)"
             )
         return f"#{state.position} of {state.depth} in {state.queue}{lane}, {workers}", not live
+    if state.unread is not None:
+        live = state.live_workers or 0
+        return (
+            f"queued in {state.queue} past the first {state.looked_at:,} of {state.unread:,} (not looked for further), "
+            f"{live} live worker{'s' if live != 1 else ''}"
+        ), not live
     if state.in_redis:
         return f"RQ job {state.rq_status or '?'}", False
     return "not in Redis", True

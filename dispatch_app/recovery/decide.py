@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatch_app.domains.base import CONCLUDE, RERUN
+from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 REDISPATCH = "redispatch"
 LEAVE_ALONE = "leave_alone"
@@ -59,6 +60,8 @@ class Evidence:
     # An RQ job that says "queued": whether its id is in its queue or its queue's intermediate list (taken by a
     # worker). False: popped by a worker that died or lost the connection before it took the job. None = not asked.
     rq_listed: bool | None = None
+    # Not looked for: the id is not in the first RQ_LIST_READ_MAX ids of a list this long (recovery.evidence).
+    rq_unread_depth: int | None = None
     # A running job whose RQ job waits and no worker ever wrote its start: nothing ran it (evidence.gather).
     # None = not so, or not asked.
     rq_never_started: bool | None = None
@@ -106,6 +109,12 @@ def _rq_story(evidence: Evidence) -> str:
     return f"its RQ job is {evidence.rq_status}"
 
 
+def _waiting(evidence: Evidence) -> str:
+    unread = evidence.rq_unread_depth
+    further = "" if unread is None else f" (of its queue's {unread:,} ids, the first {RQ_LIST_READ_MAX:,} looked at)"
+    return f"RQ job is {evidence.rq_status}: waiting for a worker{further}"
+
+
 def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decision:
     status = state.status
     if status == "cancelled":
@@ -128,7 +137,7 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
 
     if status in ("submitted", "queued"):
         if evidence.rq_status in RQ_WAITING and evidence.rq_listed is not False:
-            return Decision(LEAVE_ALONE, f"RQ job is {evidence.rq_status}: waiting for a worker")
+            return Decision(LEAVE_ALONE, _waiting(evidence))
         if evidence.rq_status == "started" and evidence.worker_alive:
             lost = evidence.started_for is not None and evidence.started_for > threshold
             if not lost:

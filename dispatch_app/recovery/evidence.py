@@ -25,6 +25,7 @@ from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains.base import ASK
 from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import RQ_WAITING, Evidence, JobState
+from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,10 @@ class RQSeen:
     started_at: datetime | None = None
     # For a "queued" job only: its id is in its queue or in the queue's intermediate list (a worker took it).
     # Neither: a worker popped it (BLPOP) and died or lost its connection before its take; nothing will run it.
+    # None: not asked, or not found in the first RQ_LIST_READ_MAX ids of a list longer than that (not looked for).
     listed: bool | None = None
+    # The longer list's length when the id was not looked for past RQ_LIST_READ_MAX ids.
+    unread_depth: int | None = None
 
 
 def rq_job_status(job_id: int, attempt: int, connection: redis.Redis) -> tuple[str, str | None]:
@@ -55,17 +59,32 @@ def rq_job(job_id: int, attempt: int, connection: redis.Redis) -> RQSeen:
         return RQSeen("missing")
     status = job.get_status(refresh=False)
     status = getattr(status, "value", status) or "missing"
-    listed = None
+    listed, unread = None, None
     if status == "queued" and job.origin:
-        # Both lists in one transaction: a BLMOVE between them is seen on one side. A worker's BLPOP is followed
-        # by its take (which lists the id again) within a round trip; a candidate caught in that gap is sent
-        # again as the next attempt, and the old attempt's start then finds it superseded.
-        queue_key = Queue.redis_queue_namespace_prefix + job.origin
-        with connection.pipeline(transaction=True) as pipe:
-            pipe.lpos(queue_key, rq_id)
-            pipe.lpos(IntermediateQueue.get_intermediate_queue_key(queue_key), rq_id)
-            listed = any(position is not None for position in pipe.execute())
-    return RQSeen(status, job.worker_name or None, job.started_at, listed)
+        listed, unread = _listed(connection, Queue.redis_queue_namespace_prefix + job.origin, rq_id)
+    return RQSeen(status, job.worker_name or None, job.started_at, listed, unread)
+
+
+def _listed(connection: redis.Redis, queue_key: str, rq_id: str) -> tuple[bool | None, int | None]:
+    """(whether the id is in the queue or its intermediate list, the depth not read when that is not known).
+
+    Both lists in one transaction: a BLMOVE between them is seen on one side. A worker's BLPOP is followed by its
+    take (which lists the id again) within a round trip; a candidate caught in that gap is sent again as the next
+    attempt, and the old attempt's start then finds it superseded. Each list is read from its head up to
+    RQ_LIST_READ_MAX ids: a longer one may hold the id further back, so absence there proves nothing.
+    """
+    lists = (queue_key, IntermediateQueue.get_intermediate_queue_key(queue_key))
+    with connection.pipeline(transaction=True) as pipe:
+        for key in lists:
+            pipe.lpos(key, rq_id, maxlen=RQ_LIST_READ_MAX)
+            pipe.llen(key)
+        replies = pipe.execute()
+    positions, depths = replies[0::2], [int(depth) for depth in replies[1::2]]
+    if any(position is not None for position in positions):
+        return True, None
+    if max(depths) > RQ_LIST_READ_MAX:
+        return None, max(depths)
+    return False, None
 
 
 def worker_alive(name: str | None, connection: redis.Redis) -> bool | None:
@@ -143,6 +162,7 @@ def gather(state: JobState, policy, connection: redis.Redis, provider) -> Eviden
         worker_alive=alive,
         started_for=started_for,
         rq_listed=seen.listed,
+        rq_unread_depth=seen.unread_depth,
         rq_never_started=never_started or None,
         vendor_status=vendor,
         vendor_error=error,

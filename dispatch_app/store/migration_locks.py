@@ -79,10 +79,8 @@ class BoundedMigration(migrations.Migration):
             bound_ms = cursor.fetchone()[0]
         deferred = list(schema_editor.deferred_sql)
         pristine = project_state.clone()  # run() changes the state it is given: a try after a failed one starts anew
-        state = project_state
         for attempt in range(1, MIGRATION_LOCK_TRIES + 1):
-            if attempt > 1:
-                state = pristine.clone()
+            state = project_state if attempt == 1 else pristine.clone()
             try:
                 with transaction.atomic(using=connection.alias):
                     state = run(state, schema_editor, collect_sql)
