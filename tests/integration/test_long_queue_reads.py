@@ -90,3 +90,21 @@ def test_the_rq_side_of_a_page_reports_a_job_past_the_read_head_as_waiting_furth
     assert page.status_code == 200
     assert f"further back than the first {RQ_LIST_READ_MAX} of the {AHEAD + 2} jobs".encode() in page.content
     assert b"not waiting in the queue" not in page.content
+
+
+def test_a_worker_settling_a_lost_take_behind_a_backlog_looks_at_the_head_only(redis_conn):
+    from rq import Queue
+    from rq.job import Job as RQJob
+    from rq.serializers import JSONSerializer
+
+    from dispatch_app.worker.rqworker.fetch import Fetcher
+
+    near, far = behind_a_backlog(redis_conn)
+    queue = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
+    fetcher = Fetcher(redis_conn, [queue], RQJob, JSONSerializer, "settler")
+    # Still at the head (the take never ran): nothing to do.
+    assert fetcher.settle((0, f"pf-{near.pk}-1", False), None) == ("listed", None)
+    # Not looked for that far back: taken for popped and put back at the head, where the next take finds it (a
+    # second entry further back would be refused by the database's start; a popped id is in no list at all).
+    assert fetcher.settle((0, f"pf-{far.pk}-1", False), None) == ("requeued", None)
+    assert redis_conn.lindex(QUEUE_KEY, 0) == f"pf-{far.pk}-1".encode()

@@ -32,6 +32,7 @@ from rq.suspension import WORKERS_SUSPENDED
 import dispatch_app.lanes as lanes
 import dispatch_app.rq_internals as rq_internals
 import dispatch_app.worker.rqworker.admission as admission
+from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 TAKEN_BY = "pf_taken_by"
 
@@ -137,7 +138,8 @@ return moved
 
 # After a take whose reply never came (a dropped connection): what became of the job the blocking wait popped.
 # KEYS: [1] its hash, [2] its queue, [3] the intermediate list. ARGV: [1] the job id, [2] this worker's name,
-# [3] the execution key its recorded start would have created ('' without one).
+# [3] the execution key its recorded start would have created ('' without one), [4] how far into the queue to
+# look (tuning.RQ_LIST_READ_MAX: a popped id is not there at all, or back at its head).
 # 'started': the take wrote the start (the job is this worker's to run); 'requeued': it went back to the head
 # of its queue (the take never ran, or took it without the start); 'listed', 'gone', 'other': nothing to do.
 SETTLE_SCRIPT = """
@@ -149,7 +151,7 @@ if status == 'started' then
   return 'other'
 end
 if status ~= 'queued' then return 'other' end
-if redis.call('LPOS', KEYS[2], ARGV[1]) then return 'listed' end
+if redis.call('LPOS', KEYS[2], ARGV[1], 'MAXLEN', ARGV[4]) then return 'listed' end
 redis.call('LREM', KEYS[3], 1, ARGV[1])
 redis.call('LPUSH', KEYS[2], ARGV[1])
 return 'requeued'
@@ -351,7 +353,7 @@ class Fetcher:
         queue = self.queues[index]
         keys = [Job.redis_job_namespace_prefix + job_id, queue.key, queue.intermediate_queue_key]
         execution_key = start.execution.key if start is not None else ""
-        verdict = self._settle(keys=keys, args=[job_id, self.name, execution_key]).decode()
+        verdict = self._settle(keys=keys, args=[job_id, self.name, execution_key, RQ_LIST_READ_MAX]).decode()
         if verdict != "started":
             return verdict, None
         job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
