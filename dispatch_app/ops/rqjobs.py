@@ -65,29 +65,35 @@ class JobRQState:
 
 def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[tuple[int, int], JobRQState]:
     """The RQ side of many (job id, attempt, domain queue) on one server: one pipeline for the jobs and their
-    queues' lanes, one for the workers they name. Raises redis.RedisError."""
+    queues' lanes, one for the workers they name. Raises redis.RedisError.
+
+    Places in line come from each lane's head, read once per lane (``RQ_LIST_READ_MAX`` ids), not from a search
+    per job: Redis runs one command at a time, and a page's searches held every send and take behind them."""
     queues = sorted({lane for _, _, q in attempts for lane in lanes.queues(q)})
     with conn.pipeline(transaction=False) as pipe:
-        for job_id, attempt, queue in attempts:
+        for job_id, attempt, _ in attempts:
             pipe.hmget(
                 rq_internals.job_key(f"pf-{job_id}-{attempt}"), "status", "worker_name", "last_heartbeat", TAKEN_BY
             )
-            for lane in lanes.queues(queue):
-                pipe.lpos(rqside.queue_key(lane), f"pf-{job_id}-{attempt}", maxlen=RQ_LIST_READ_MAX)
-        per_job = len(lanes.LANES) + 1
         for queue in queues:
             pipe.llen(rqside.queue_key(queue))
             pipe.smembers(rq_internals.workers_of_queue_key(queue))
+            pipe.lrange(rqside.queue_key(queue), 0, RQ_LIST_READ_MAX - 1)
         raw = pipe.execute()
-    per_queue = raw[per_job * len(attempts) :]
-    depth = {q: int(per_queue[2 * i]) for i, q in enumerate(queues)}
+    per_queue = raw[len(attempts) :]
+    depth = {q: int(per_queue[3 * i]) for i, q in enumerate(queues)}
     members = {
-        q: [rqside.text(m).removeprefix(rqside.WORKER_PREFIX) for m in per_queue[2 * i + 1]]
+        q: [rqside.text(m).removeprefix(rqside.WORKER_PREFIX) for m in per_queue[3 * i + 1]]
         for i, q in enumerate(queues)
+    }
+    # {id: index from the head}, an id listed twice at its first place (anyone may push any bytes to a queue).
+    heads = {
+        q: {rqside.text(v): n for n, v in reversed(list(enumerate(per_queue[3 * i + 2])))} for i, q in enumerate(queues)
     }
     out = {}
     for i, (job_id, attempt, queue) in enumerate(attempts):
-        (status, worker, heartbeat, taken_by), *positions = raw[per_job * i : per_job * (i + 1)]
+        status, worker, heartbeat, taken_by = raw[i]
+        positions = [heads[name].get(f"pf-{job_id}-{attempt}") for name in lanes.queues(queue)]
         # The lane it waits in (the domain queue's own when it waits in none).
         lane, position = next(
             ((name, p) for name, p in zip(lanes.queues(queue), positions, strict=True) if p is not None), (queue, None)

@@ -108,3 +108,20 @@ def test_a_worker_settling_a_lost_take_behind_a_backlog_looks_at_the_head_only(r
     # second entry further back would be refused by the database's start; a popped id is in no list at all).
     assert fetcher.settle((0, f"pf-{far.pk}-1", False), None) == ("requeued", None)
     assert redis_conn.lindex(QUEUE_KEY, 0) == f"pf-{far.pk}-1".encode()
+
+
+def test_a_page_reads_each_lane_once_whatever_its_size_and_an_id_listed_twice_keeps_its_first_place(redis_conn):
+    from dispatch_app import lanes
+
+    jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(30)]
+    dispatch_now()
+    redis_conn.lpush(QUEUE_KEY, f"pf-{jobs[5].pk}-1")  # anyone may push any id: listed twice now
+
+    def calls(command: str) -> int:
+        return redis_conn.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+    before = calls("lrange"), calls("lpos")
+    states = rqjobs.states(list(Job.objects.filter(pk__in=[job.pk for job in jobs])))
+    assert (calls("lrange") - before[0], calls("lpos") - before[1]) == (len(lanes.queues("delivery")), 0)
+    assert [states[job.pk].position for job in jobs[:6]] == [2, 3, 4, 5, 6, 1]
+    assert {states[job.pk].depth for job in jobs} == {31}
