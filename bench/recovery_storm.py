@@ -22,8 +22,9 @@ Variants, run interleaved, ``--repeat`` times:
   whole cap, however slowed new work is): what the pacer saves;
 - ``burst@R``: as ``fast``, with ``SPREAD_SECONDS`` = 0 (each round's re-dispatches
   all due at once, as before the spread): what spreading a round saves;
-- ``tail@R``: as ``fast``, with the pacer reading new work's p99
-  (``RECOVERY_PACE_QUANTILE`` = 0.99) instead of its p90;
+- ``roundfloor@R``: as ``fast``, with the pacer's floor owed every round
+  (``RECOVERY_PACE_FLOOR_SECONDS`` = 0, as before it was owed per 30 s): what a floor
+  that a round per second does not multiply saves;
 - ``own@R``: as ``fast``, with recovered work on a worker process of its own: the two domain
   workers ``runworkers --new-lanes-only``, a third ``runworkers --queues <every>.recovery
   --nice 10``;
@@ -56,7 +57,7 @@ from bench.workers import Workers
 
 NAME = "recovery-storm"
 RATES = (100, 200)
-MODES = ("none", "defaults", "fast", "unpaced", "burst", "tail", "own")
+MODES = ("none", "defaults", "fast", "unpaced", "burst", "roundfloor", "own")
 VARIANTS = [f"{mode}@{r}" for r in RATES for mode in MODES] + ["fast, saturated"]
 STALE_SECONDS = 600.0
 FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
@@ -121,7 +122,7 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         if mode != "none":
             seed_stale(per_domain, domains)
-        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "tail", "own")
+        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "roundfloor", "own")
         overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if fast else {})}
         if mode == "burst":
             overrides["SPREAD_SECONDS"] = 0.0
@@ -132,7 +133,7 @@ def run(ctx: Context) -> list[dict]:
             "real_recovery": {"domains": domains, "overrides": {d: dict(overrides) for d in domains}},
             "settings": {
                 "RECOVERY_PACING": mode != "unpaced",
-                **({"RECOVERY_PACE_QUANTILE": 0.99} if mode == "tail" else {}),
+                **({"RECOVERY_PACE_FLOOR_SECONDS": 0.0} if mode == "roundfloor" else {}),
             },
         }
         stamps = tempfile.NamedTemporaryFile(prefix="pf-storm-stamps-", delete=False)

@@ -174,7 +174,16 @@ SPECS: dict[str, _Spec] = {
         float,
         0.0,
         1.0,
-        "share of a round's cap recovery keeps re-dispatching however slowed new work is (at least 1 job)",
+        "share of a round's cap recovery keeps re-dispatching however slowed new work is (at least 1 job), "
+        "per RECOVERY_PACE_FLOOR_SECONDS or per round when rounds are further apart",
+    ),
+    "RECOVERY_PACE_FLOOR_SECONDS": _Spec(
+        30.0,
+        float,
+        0.0,
+        86_400,
+        "the floor (RECOVERY_PACE_MIN_SHARE) is owed once per this many seconds, however often rounds run; "
+        "0: once per round",
     ),
     "RECOVERY": _Spec(
         {}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}} (recovery.policy.KEYS)"
@@ -251,6 +260,7 @@ class DispatchSettings:
     RECOVERY_PACE_TOLERANCE: float
     RECOVERY_PACE_SLACK_MS: float
     RECOVERY_PACE_MIN_SHARE: float
+    RECOVERY_PACE_FLOOR_SECONDS: float
     RECOVERY: dict
     HEARTBEAT_INTERVAL: float
     HEARTBEAT_STALE_SECONDS: float

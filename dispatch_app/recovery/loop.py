@@ -48,6 +48,7 @@ class RecoveryLoop:
         self.round.log_failures = False  # its LoopRunner logs a failed round, once per incident
         self.rounds = 0
         self.busy = 0  # ticks skipped because another session ran this domain
+        self.paced_out = 0  # ticks skipped because the pacer allowed no re-dispatch (a floor below a job per round)
         self.last: RoundResult | None = None
         self.waits: list[float] = []  # the pauses asked for, newest last (tests, debugging)
         # The first round comes after a share of the jitter only: a restarted
@@ -66,7 +67,15 @@ class RecoveryLoop:
 
     def run_once(self, trigger: str = TICK) -> RoundResult:
         if self.pacer is not None:
-            self.round.pace = self.pacer.allowance(self.domain, self.policy.redispatch_cap)
+            pace = self.pacer.allowance(self.domain, self.policy.redispatch_cap, self.policy.period_seconds)
+            self.round.pace = pace
+            if pace.limit == 0 < self.policy.redispatch_cap:
+                # New work is slowed and this round's floor is a fraction of a job: not even a look at the
+                # candidates (a round's reads and record cost new work CPU too).
+                self._next_due = self.clock() + self.policy.period_seconds + self._jitter()
+                self.paced_out += 1
+                self.last = RoundResult(self.domain, ran=False, paced_out=True, has_more=True, paced=pace.describe())
+                return self.last
         try:
             result = self.round.run_once()
         finally:

@@ -23,9 +23,13 @@ A domain's share starts at the floor when the process starts (a slow start), so
 the quietest wait is one seen with little recovered work beside it.
 
 The share never falls below ``RECOVERY_PACE_MIN_SHARE`` of the cap (at least one
-job): under saturation recovery still re-dispatches that much per round, and
-the worker's lane share (``RECOVERY_LANE_EVERY``) bounds how much of it runs in
-front of new work. It looks at new work of every domain, because domains share
+job) per ``RECOVERY_PACE_FLOOR_SECONDS``, or per round when rounds are further
+apart: under saturation recovery still re-dispatches that much, and the
+worker's lane share (``RECOVERY_LANE_EVERY``) bounds how much of it runs in
+front of new work. A round per second owes a fraction of a job per round; the
+fractions add up, and a round owed none is not run (``RecoveryLoop``). When new
+work first appears, every domain drops to its floor for ``probe_seconds``
+before the quietest wait is taken (``_judge``). It looks at new work of every domain, because domains share
 hosts and a storm in one slows the others. One look serves every domain's loop
 of the process within ``SAMPLE_SECONDS``. ``recover --once`` is not paced: an
 operator who runs it wants the batch now.
@@ -86,8 +90,11 @@ class Allowance:
     wait_ms: float | None
     baseline_ms: float | None
     quantile: float  # the Pacer's: no default, so a description never names a quantile nobody measured
+    probing: bool = False  # at the floor while the quietest wait is measured (Pacer.probe_seconds)
 
     def describe(self) -> str:
+        if self.probing:
+            return f"paced to {self.limit} (at the floor while new work's quietest start wait is measured)"
         if self.wait_ms is None or self.baseline_ms is None:
             return f"paced to {self.limit}"
         state = "new work slowed" if self.congested else "headroom"
@@ -107,8 +114,10 @@ class Pacer:
         tolerance: float,
         slack_ms: float,
         min_share: float,
+        floor_seconds: float = 0.0,
         quantile: float = QUANTILE,
         start_share: float | None = None,
+        probe_seconds: float = 0.0,
         measure: Callable[[float], Sample] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sample_seconds: float = SAMPLE_SECONDS,
@@ -117,9 +126,16 @@ class Pacer:
         self.tolerance = tolerance
         self.slack_ms = slack_ms
         self.min_share = min_share
+        self.floor_seconds = floor_seconds
         self.quantile = quantile
         # A domain's share before its first round: the floor unless told (a slow start, see ``allowance``).
         self.start_share = min_share if start_share is None else start_share
+        self._slow_start = start_share is None
+        # When new work first appears, every domain drops to its floor this long before the first quietest wait is
+        # taken: recovery ran at its cap while there was no new work to judge, and a quietest wait measured beside
+        # that storm would let the storm go on (0: the first wait seen is the quietest).
+        self.probe_seconds = probe_seconds
+        self._probe_until: float | None = None
         self._measure = measure or functools.partial(measure_wait, quantile=quantile)
         self.clock = clock
         self.sample_seconds = sample_seconds
@@ -128,7 +144,8 @@ class Pacer:
         self._sampled_at: float | None = None
         self._congested = False
         self.baseline_ms: float | None = None
-        self._shares: dict[str, tuple[float, float]] = {}  # domain -> (share of its cap, when last set)
+        # domain -> (share of its cap, when last set, a floor's fraction of a job carried to the next round)
+        self._shares: dict[str, tuple[float, float, float]] = {}
 
     @classmethod
     def from_settings(cls, conf) -> Pacer | None:
@@ -139,7 +156,10 @@ class Pacer:
             tolerance=conf.RECOVERY_PACE_TOLERANCE,
             slack_ms=conf.RECOVERY_PACE_SLACK_MS,
             min_share=conf.RECOVERY_PACE_MIN_SHARE,
+            floor_seconds=conf.RECOVERY_PACE_FLOOR_SECONDS,
             quantile=conf.RECOVERY_PACE_QUANTILE,
+            # A window of waits seen with recovery at its floor, and a look to spare on each side.
+            probe_seconds=conf.RECOVERY_PACE_WINDOW + 2 * SAMPLE_SECONDS,
         )
 
     def _look(self) -> tuple[Sample | None, bool]:
@@ -160,33 +180,69 @@ class Pacer:
                 )
                 return self._sample, self._congested
             self._sample = sample
-            self._congested = self._judge(sample)
+            self._congested = self._judge(sample, now)
             return sample, self._congested
 
-    def _judge(self, sample: Sample) -> bool:
+    def _probing(self, now: float) -> bool:
+        return self.baseline_ms is None and self._probe_until is not None and now < self._probe_until
+
+    def _judge(self, sample: Sample, now: float) -> bool:
         if sample.wait_ms is None or sample.count < MIN_SAMPLES:
             return False
+        if self.baseline_ms is None and self.probe_seconds > 0:
+            if self._probe_until is None:
+                self._probe_until = now + self.probe_seconds
+            if self._probing(now):
+                return True
         if self.baseline_ms is None:
             self.baseline_ms = sample.wait_ms
         else:
             self.baseline_ms = min(self.baseline_ms * (1 + BASELINE_DRIFT), sample.wait_ms)
         return sample.wait_ms > self.baseline_ms * self.tolerance + self.slack_ms
 
-    def allowance(self, domain: str, cap: int) -> Allowance:
-        """How many jobs ``domain``'s round may re-dispatch now, of its per-round ``cap``."""
+    def lowest_share(self, cap: int, period: float | None) -> float:
+        """The share of a round's cap the floor keeps: ``min_share`` of it (at least one job) per ``floor_seconds``,
+        or per round when rounds are further apart. A round per second must not multiply what recovery sends while
+        new work is slowed: at 10 % of 25, thirty times the floor of a round every 30 s (issue 30, fast@200)."""
+        share = max(self.min_share, 1.0 / cap)
+        if period is not None and 0 < period < self.floor_seconds:
+            share *= period / self.floor_seconds
+        return share
+
+    def allowance(self, domain: str, cap: int, period: float | None = None) -> Allowance:
+        """How many jobs ``domain``'s round may re-dispatch now, of its per-round ``cap``; ``period``: the seconds
+        between its rounds (None: the floor is per round)."""
         sample, congested = self._look()
-        floor = min(cap, max(1, math.ceil(cap * self.min_share)))
+        if cap <= 0:  # MAX_REDISPATCHES_PER_ROUND = 0: report only, paced or not
+            return Allowance(0, congested, None if sample is None else sample.wait_ms, self.baseline_ms, self.quantile)
+        lowest = self.lowest_share(cap, period)
         with self._lock:
             now = self.clock()
             # A domain's first round starts at the floor (a slow start): the first looks then see new work's wait
             # with little recovered work beside it, so the quietest wait is measured, not assumed, and the share
             # earns its way up. Starting at the whole cap made the quietest a storm's own wait.
-            share, since = self._shares.get(domain, (self.start_share, now))
-            if congested:
-                share = max(self.min_share, share / 2)
+            start = lowest if self._slow_start else self.start_share
+            share, since, carried = self._shares.get(domain, (start, now, 0.0))
+            probing = self._probing(now)
+            if probing:
+                share = lowest
+            elif congested:
+                share = max(lowest, share / 2)
             else:
-                share = min(1.0, share + GROWTH_PER_SECOND * max(0.0, now - since))
-            self._shares[domain] = (share, now)
-        limit = max(floor, min(cap, math.floor(cap * share)))
+                share = min(1.0, max(lowest, share) + GROWTH_PER_SECOND * max(0.0, now - since))
+            limit, carried = _jobs(cap, share, lowest, carried)
+            self._shares[domain] = (share, now, carried)
         wait = None if sample is None else sample.wait_ms
-        return Allowance(limit, congested, wait, self.baseline_ms, self.quantile)
+        return Allowance(limit, congested, wait, self.baseline_ms, self.quantile, probing)
+
+
+def _jobs(cap: int, share: float, lowest: float, carried: float) -> tuple[int, float]:
+    """Whole jobs for a round at ``share`` of ``cap``, and the fraction carried to the next. A floor of a job or more
+    per round is rounded up, as a share above it is down; below a job per round the fractions add up across rounds,
+    so a floor of one job per 30 s at a round per second sends one job every 30th round."""
+    exact = cap * share
+    if exact >= 1 or cap * lowest >= 1 - 1e-9:
+        return min(cap, max(math.ceil(cap * lowest - 1e-9), math.floor(exact))), 0.0
+    carried += exact
+    whole = math.floor(carried + 1e-9)
+    return whole, carried - whole

@@ -37,6 +37,7 @@ class RoundResult:
     oldest_candidate_age: float | None = None
     error: str = ""
     paced: str = ""  # the pacer's word on this round's cap (recovery.pacing); "" when not paced
+    paced_out: bool = False  # not run: the pacer allowed no re-dispatch this round (ran is False too)
     candidates: list[CandidateReport] = field(default_factory=list)
 
     @property
@@ -46,7 +47,7 @@ class RoundResult:
     @property
     def status(self) -> str:
         if not self.ran:
-            return "busy"
+            return "paced out" if self.paced_out else "busy"
         return "ok" if self.ok else "failed"
 
     def summary(self) -> dict:

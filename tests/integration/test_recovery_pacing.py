@@ -9,7 +9,7 @@ from django.db import connection
 
 from dispatch_app import submit
 from dispatch_app.conf import dispatch_settings
-from dispatch_app.models import JobEvent
+from dispatch_app.models import JobEvent, RecoveryRound
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.pacing import MIN_SAMPLES, QUANTILE, Pacer, Sample, measure_wait
 from dispatch_app.runtime.assembly import add_recovery_loops
@@ -123,6 +123,44 @@ def test_a_slowed_new_work_cuts_the_rounds_redispatches_and_the_round_says_why(r
     assert "paced to 2 (new work slowed" in result.paced
     redispatched = JobEvent.objects.filter(kind="recovery_redispatch", job_id__in=[j.pk for j in jobs])
     assert redispatched.count() == 2
+
+
+def test_a_round_per_second_at_a_floor_of_one_job_per_30_s_sends_it_every_twelfth_round(redis_conn, provider):
+    jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(4)]
+    dispatch_now()
+    redis_conn.flushdb()  # every job's RQ job is gone: each one is a re-dispatch candidate
+    now = [0.0]
+    pacer = Pacer(
+        window=5.0,
+        tolerance=1.25,
+        slack_ms=0.5,
+        min_share=0.1,
+        floor_seconds=30.0,
+        # Quiet once (the quietest), then slowed for good.
+        measure=lambda window, looks=iter([4.0] + [40.0] * 30): Sample(MIN_SAMPLES, next(looks)),
+        clock=lambda: now[0],
+    )
+    loop = RecoveryLoop(
+        policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25),
+        threading.Event(),
+        clock=lambda: now[0],
+        redis=redis_conn,
+        provider=provider,
+        pacer=pacer,
+    )
+
+    results = []
+    for _ in range(12):
+        results.append(loop.run_once())
+        now[0] += 1.0
+
+    # 10 % of 25 per 30 s is a twelfth of a job a second: eleven rounds that do not even look, then one job.
+    assert [r.status for r in results[:11]] == ["paced out"] * 11 and loop.paced_out == 11
+    assert all(r.has_more and "paced to 0" in r.paced for r in results[:11])
+    assert (results[11].status, results[11].scanned, results[11].redispatched) == ("ok", 1, 1)
+    assert RecoveryRound.objects.filter(domain="workflow").count() == 1  # a round that does not run leaves no row
+    assert JobEvent.objects.filter(kind="recovery_redispatch", job_id__in=[j.pk for j in jobs]).count() == 1
+    assert loop.rounds == 1 and loop.busy == 0
 
 
 def test_rundispatcher_loops_share_one_pacer_and_the_setting_removes_it():

@@ -110,6 +110,8 @@ def test_settings_switch_it_off():
     assert Pacer.from_settings(validate({"RECOVERY_PACING": False})) is None
     on = Pacer.from_settings(validate({"RECOVERY_PACE_TOLERANCE": 2, "RECOVERY_PACE_MIN_SHARE": 0.5}))
     assert (on.tolerance, on.min_share, on.window, on.slack_ms, on.quantile) == (2.0, 0.5, 5.0, 0.5, 0.99)
+    assert on.floor_seconds == 30.0
+    assert Pacer.from_settings(validate({"RECOVERY_PACE_FLOOR_SECONDS": 0})).floor_seconds == 0.0
 
 
 def test_the_quantile_setting_reaches_the_look_and_the_rounds_words():
@@ -149,3 +151,60 @@ def test_the_share_grows_back_by_the_seconds_since_the_last_round_not_by_rounds(
     assert p.allowance("fast", 20).limit == round(20 * (0.25 + GROWTH_PER_SECOND * 10)) == 15
     clock.now += 30.0
     assert p.allowance("fast", 20).limit == 20
+
+
+def slowed_rounds(floor_seconds: float, period: float, n: int) -> list[int]:
+    """A round every ``period`` s of a domain with a cap of 25 while new work stays slowed from the second look."""
+    clock = Clock()
+    p = pacer(Looks(4.0, *[400.0] * n), clock, min_share=0.1, start_share=None, floor_seconds=floor_seconds)
+    out = []
+    for _ in range(n):
+        out.append(p.allowance("delivery", 25, period).limit)
+        clock.now += period
+    return out
+
+
+def test_a_round_per_second_owes_the_floor_per_floor_seconds_not_per_round():
+    per_second = slowed_rounds(30.0, 1.0, 60)
+    # 10 % of 25 per 30 s: 2.5 jobs, one at a time as the fractions add up, in rounds that send nothing between.
+    assert sum(per_second) == 5 and set(per_second) == {0, 1}
+    assert [i for i, n in enumerate(per_second) if n] == [11, 23, 35, 47, 59]
+    # Owed per round (RECOVERY_PACE_FLOOR_SECONDS = 0): 3 every second, thirty-six times as much.
+    assert slowed_rounds(0.0, 1.0, 60) == [3] * 60
+    # A round every 30 s or more is unchanged: the floor per round, rounded up.
+    assert slowed_rounds(30.0, 30.0, 4) == slowed_rounds(0.0, 30.0, 4) == [3, 3, 3, 3]
+    assert slowed_rounds(30.0, 300.0, 2) == [3, 3]
+
+
+def test_the_fraction_carried_is_spent_once_the_share_grows_back_to_a_job_per_round():
+    clock = Clock()
+    p = pacer(Looks(4.0, 400.0, 4.0), clock, min_share=0.1, start_share=None, floor_seconds=30.0)
+    limits = []
+    for _ in range(3):
+        limits.append(p.allowance("d", 25, 1.0).limit)
+        clock.now += 1.0
+    # Quiet at the third look: grown by 5 % of the cap in a second, a whole job and more, rounded down as above.
+    assert limits == [0, 0, 1]
+    assert p._shares["d"][2] == 0.0
+
+
+def test_new_work_appearing_beside_a_storm_drops_every_domain_to_its_floor_before_the_quietest_is_taken():
+    # No new work to judge (recovery at its cap), then new work slowed by the storm, waits seen at the floor.
+    waits = (None, 20.0, 20.0, 20.0, 4.0, 4.0, 6.0)
+    clock = Clock()
+    p = pacer(Looks(*waits), clock, probe_seconds=3.0)
+    limits = []
+    for _ in waits:
+        limits.append(p.allowance("d", 20))
+        clock.now += 1.0
+    assert [a.limit for a in limits] == [20, 2, 2, 2, 3, 4, 5]
+    assert [a.probing for a in limits] == [False, True, True, True, False, False, False]
+    assert "at the floor while new work's quietest start wait is measured" in limits[1].describe()
+    assert p.baseline_ms == 4.0 * 1.01  # the quiet look's 4.0, drifted up once by the last look (6.0)
+    # Without the probe the storm's own wait became the quietest, and the storm went on at its cap.
+    clock = Clock()
+    unprobed = pacer(Looks(*waits), clock)
+    assert rounds(unprobed, clock, "d", 20, len(waits)) == [20] * len(waits) and unprobed.baseline_ms == 4.0 * 1.01
+    from dispatch_app.conf import validate
+
+    assert Pacer.from_settings(validate({"RECOVERY_PACE_WINDOW": 10})).probe_seconds == 12.0

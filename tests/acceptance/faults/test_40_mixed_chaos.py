@@ -71,6 +71,7 @@ RECOVERY = {
     }
     for domain in DOMAINS
 }
+RECOVERY_FLOOR_SECONDS = RECOVERY[DOMAINS[0]]["PERIOD_SECONDS"]
 APP = "pf-chaos-app"
 CRASH = os.environ.get("PF_FAULTS_CHAOS_CRASH", "") not in ("", "0")
 FAULTS = ("kill_dispatcher", "kill_worker", "terminate_backends", "restart_redis") + (
@@ -231,6 +232,9 @@ def chaos_env(stack, call_log) -> dict:
         "DISPATCH_PROVIDER_LATENCY_MS": 60,
         "DISPATCH_SEND_BACKOFF_BASE": 0.1,
         "DISPATCH_RECOVERY": json.dumps(RECOVERY),
+        # Time compressed like the periods above: the pacer's floor is owed per round (README, "Pacing"), as a
+        # round every 30 s owes it at the defaults.
+        "DISPATCH_RECOVERY_PACE_FLOOR_SECONDS": RECOVERY_FLOOR_SECONDS,
         "DISPATCH_RECONNECT_BACKOFF_MAX": 1,
         "PRODUCTFLOW_PROVIDER_CALL_LOG": call_log,
         # A killed worker's hash expires after 6 silent periods (3 s): recovery then sees it dead.

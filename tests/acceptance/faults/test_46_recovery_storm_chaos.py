@@ -30,6 +30,7 @@ from tests.acceptance.faults.test_40_mixed_chaos import (
     DOMAINS,
     FAULTS,
     RECOVERY,
+    RECOVERY_FLOOR_SECONDS,
     SEED,
     Chaos,
     Load,
@@ -44,10 +45,12 @@ STALE_PER_DOMAIN = 100
 BATCH = 25
 PERIOD = RECOVERY["delivery"]["PERIOD_SECONDS"]
 # The documented bound (README, "Pacing"): while new work is slowed (and the chaos slows it: killed workers,
-# Redis restarts) recovery's pacer cuts a round to RECOVERY_PACE_MIN_SHARE of its cap, never below, so the
+# Redis restarts) recovery's pacer cuts a round to RECOVERY_PACE_MIN_SHARE of its cap, never below, per
+# RECOVERY_PACE_FLOOR_SECONDS (scenario 40's environment: one period, time compressed like the periods), so the
 # storm takes at most ceil(N / floor) rounds a period apart (17 s here; 2 s with headroom); each dispatcher
 # kill restarts its recovery child's loops and each Redis restart fails a round, so the chaos's length on top.
 PACED_FLOOR = max(1, math.ceil(BATCH * SPECS["RECOVERY_PACE_MIN_SHARE"].default))  # the stack runs the default
+assert RECOVERY_FLOOR_SECONDS <= PERIOD  # the floor owed every round, as the bound says
 STORM_BOUND = math.ceil(STALE_PER_DOMAIN / PACED_FLOOR) * PERIOD + CHAOS_SECONDS
 
 
