@@ -63,6 +63,17 @@ class JobRQState:
             self.last_heartbeat = info.last_heartbeat
 
 
+def _places(ids: list, wanted: set[str]) -> dict[str, int]:
+    """{id: index from the head} of the page's own ids only, an id listed twice at its first place (anyone may push
+    any bytes to a queue); the other ids of a 5,000-id head are compared as Redis sent them, never decoded."""
+    keys = wanted | {rq_id.encode() for rq_id in wanted}
+    found: dict[str, int] = {}
+    for n, raw in enumerate(ids):
+        if raw in keys:
+            found.setdefault(rqside.text(raw), n)
+    return found
+
+
 def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[tuple[int, int], JobRQState]:
     """The RQ side of many (job id, attempt, domain queue) on one server: one pipeline for the jobs and their
     queues' lanes, one for the workers they name. Raises redis.RedisError.
@@ -86,10 +97,8 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
         q: [rqside.text(m).removeprefix(rqside.WORKER_PREFIX) for m in per_queue[3 * i + 1]]
         for i, q in enumerate(queues)
     }
-    # {id: index from the head}, an id listed twice at its first place (anyone may push any bytes to a queue).
-    heads = {
-        q: {rqside.text(v): n for n, v in reversed(list(enumerate(per_queue[3 * i + 2])))} for i, q in enumerate(queues)
-    }
+    wanted = {f"pf-{job_id}-{attempt}" for job_id, attempt, _ in attempts}
+    heads = {q: _places(per_queue[3 * i + 2], wanted) for i, q in enumerate(queues)}
     out = {}
     for i, (job_id, attempt, queue) in enumerate(attempts):
         status, worker, heartbeat, taken_by = raw[i]

@@ -9,6 +9,7 @@ are injectable, so tests drive it without sleeping.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -16,6 +17,8 @@ from collections.abc import Callable
 
 from dispatch_app.recovery.round import Round, RoundResult, RoundSignals
 from dispatch_app.runtime.wake import STOP, TICK
+
+log = logging.getLogger("dispatch_app.recovery")
 
 
 class RecoveryLoop:
@@ -74,6 +77,12 @@ class RecoveryLoop:
                 # candidates (a round's reads and record cost new work CPU too).
                 self._next_due = self.clock() + self.policy.period_seconds + self._jitter()
                 self.paced_out += 1
+                log.debug(
+                    "%s: round skipped, %s",
+                    self.domain,
+                    pace.describe(),
+                    extra={"action": "recovery_paced_out", "domain": self.domain},
+                )
                 self.last = RoundResult(self.domain, ran=False, paced_out=True, has_more=True, paced=pace.describe())
                 return self.last
         try:

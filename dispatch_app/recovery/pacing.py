@@ -203,7 +203,7 @@ class Pacer:
     def lowest_share(self, cap: int, period: float | None) -> float:
         """The share of a round's cap the floor keeps: ``min_share`` of it (at least one job) per ``floor_seconds``,
         or per round when rounds are further apart. A round per second must not multiply what recovery sends while
-        new work is slowed: at 10 % of 25, thirty times the floor of a round every 30 s (issue 30, fast@200)."""
+        new work is slowed: at 10 % of 25, thirty times the floor of a round every 30 s (issue 30, fast@100)."""
         share = max(self.min_share, 1.0 / cap)
         if period is not None and 0 < period < self.floor_seconds:
             share *= period / self.floor_seconds
