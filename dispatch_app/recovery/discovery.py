@@ -31,6 +31,7 @@ SELECT j.id, j.status, j.attempt, j.updated_at,
 FROM {JOB} j
 WHERE j.domain = %(domain)s
   AND j.status IN ('submitted', 'queued', 'running')
+  AND j.status = ANY(%(statuses)s)
   AND j.updated_at < clock_timestamp() - make_interval(secs => %(least)s)
   AND j.updated_at < clock_timestamp() - make_interval(
         secs => CASE WHEN j.status = 'running' THEN %(running)s ELSE %(queued)s END)
@@ -67,6 +68,14 @@ ORDER BY j.id
 FOR UPDATE OF j SKIP LOCKED
 """
 
+# Any run past the running threshold: a paced-out round still looks at those (``discover_paced``).
+STALE_RUN_SQL = f"""
+SELECT EXISTS (
+    SELECT 1 FROM {JOB} j
+    WHERE j.domain = %(domain)s AND j.status = 'running'
+      AND j.updated_at < clock_timestamp() - make_interval(secs => %(running)s))
+"""
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -92,18 +101,49 @@ def discover(policy, limit: int | None = None) -> Discovery:
 
     ``limit``: fewer than B (a paced round looks only at what it may act on).
     """
-    batch = policy.batch_size if limit is None else max(0, min(limit, policy.batch_size))
+    with transaction.atomic(), connection.cursor() as cursor:
+        return _discover(cursor, policy, ACTIVE, _batch(policy, limit))
+
+
+def discover_paced(policy, limit: int) -> Discovery:
+    """A paced round's candidates: every stale run (up to B), then up to ``limit`` of the rest, oldest first.
+
+    A run past the running threshold is a job a worker had started, most often one whose worker died: re-running
+    it gives the workers back the load they carried, bounded by how many jobs they run at once, not a backlog's.
+    Pacing holds back what never started; it does not hold a killed worker's job for the floor's period.
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        runs = _discover(cursor, policy, ["running"], policy.batch_size)
+        rest = _discover(cursor, policy, ["submitted", "queued"], _batch(policy, limit))
+    candidates = sorted(runs.candidates + rest.candidates, key=lambda c: (c.updated_at, c.job_id))
+    return Discovery(candidates, has_more=runs.has_more or rest.has_more)
+
+
+def stale_runs(policy) -> bool:
+    """Whether the domain has a run past its running threshold (one indexed look, no lock)."""
+    with connection.cursor() as cursor:
+        cursor.execute(STALE_RUN_SQL, {"domain": policy.domain, "running": policy.running_stale_seconds})
+        return cursor.fetchone()[0]
+
+
+ACTIVE = ["submitted", "queued", "running"]
+
+
+def _batch(policy, limit: int | None) -> int:
+    return policy.batch_size if limit is None else max(0, min(limit, policy.batch_size))
+
+
+def _discover(cursor, policy, statuses: list[str], batch: int) -> Discovery:
     params = {
         "domain": policy.domain,
+        "statuses": statuses,
         "queued": policy.queued_stale_seconds,
         "running": policy.running_stale_seconds,
         "least": min(policy.queued_stale_seconds, policy.running_stale_seconds),
         "limit": batch + 1,
     }
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(DISCOVERY_SQL, params)
-        rows = cursor.fetchall()
-    candidates = [Candidate(*row) for row in rows]
+    cursor.execute(DISCOVERY_SQL, params)
+    candidates = [Candidate(*row) for row in cursor.fetchall()]
     return Discovery(candidates[:batch], has_more=len(candidates) > batch)
 
 

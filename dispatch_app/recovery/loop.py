@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from dispatch_app.recovery import discovery
 from dispatch_app.recovery.round import Round, RoundResult, RoundSignals
 from dispatch_app.runtime.wake import STOP, TICK
 
@@ -69,30 +70,33 @@ class RecoveryLoop:
         return TICK
 
     def run_once(self, trigger: str = TICK) -> RoundResult:
-        if self.pacer is not None:
-            pace = self.pacer.allowance(self.domain, self.policy.redispatch_cap, self.policy.period_seconds)
-            self.round.pace = pace
-            if pace.limit == 0 < self.policy.redispatch_cap:
-                # New work is slowed and this round's floor is a fraction of a job: not even a look at the
-                # candidates (a round's reads and record cost new work CPU too).
-                self._next_due = self.clock() + self.policy.period_seconds + self._jitter()
-                self.paced_out += 1
-                log.debug(
-                    "%s: round skipped, %s",
-                    self.domain,
-                    pace.describe(),
-                    extra={"action": "recovery_paced_out", "domain": self.domain},
-                )
-                self.last = RoundResult(self.domain, ran=False, paced_out=True, has_more=True, paced=pace.describe())
-                return self.last
         try:
-            result = self.round.run_once()
+            result = self._round()
         finally:
-            # Due again one period after this round, full batch or not, error or not.
+            # Due again one period after this round, full batch or not, paced out or not, error or not.
             self._next_due = self.clock() + self.policy.period_seconds + self._jitter()
         self.last = result
-        if result.ran:
+        if result.paced_out:
+            self.paced_out += 1
+        elif result.ran:
             self.rounds += 1
         else:
             self.busy += 1
         return result
+
+    def _round(self) -> RoundResult:
+        if self.pacer is None:
+            return self.round.run_once()
+        pace = self.pacer.allowance(self.domain, self.policy.redispatch_cap, self.policy.period_seconds)
+        self.round.pace = pace
+        if pace.limit == 0 < self.policy.redispatch_cap and not discovery.stale_runs(self.policy):
+            # New work is slowed and this round's floor is a fraction of a job: not even a look at the candidates
+            # (a round's reads and record cost new work CPU too). A stale run is not paced (discover_paced).
+            log.debug(
+                "%s: round skipped, %s",
+                self.domain,
+                pace.describe(),
+                extra={"action": "recovery_paced_out", "domain": self.domain},
+            )
+            return RoundResult(self.domain, ran=False, paced_out=True, has_more=True, paced=pace.describe())
+        return self.round.run_once()

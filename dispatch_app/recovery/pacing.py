@@ -27,7 +27,10 @@ job) per ``RECOVERY_PACE_FLOOR_SECONDS``, or per round when rounds are further
 apart: under saturation recovery still re-dispatches that much, and the
 worker's lane share (``RECOVERY_LANE_EVERY``) bounds how much of it runs in
 front of new work. A round per second owes a fraction of a job per round; the
-fractions add up, and a round owed none is not run (``RecoveryLoop``). When new
+fractions add up, and a round owed none is not run (``RecoveryLoop``) unless a
+run is stale. Pacing holds back work that never started: a stale run (most often
+a killed worker's job) is looked at whatever the pacer says, since re-running it
+gives the workers back the load they carried (``discovery.discover_paced``). When new
 work first appears, every domain drops to its floor for ``probe_seconds``
 before the quietest wait is taken (``_judge``). It looks at new work of every domain, because domains share
 hosts and a storm in one slows the others. One look serves every domain's loop
@@ -213,8 +216,9 @@ class Pacer:
         """How many jobs ``domain``'s round may re-dispatch now, of its per-round ``cap``; ``period``: the seconds
         between its rounds (None: the floor is per round)."""
         sample, congested = self._look()
+        wait = None if sample is None else sample.wait_ms
         if cap <= 0:  # MAX_REDISPATCHES_PER_ROUND = 0: report only, paced or not
-            return Allowance(0, congested, None if sample is None else sample.wait_ms, self.baseline_ms, self.quantile)
+            return Allowance(0, congested, wait, self.baseline_ms, self.quantile)
         lowest = self.lowest_share(cap, period)
         with self._lock:
             now = self.clock()
@@ -232,7 +236,6 @@ class Pacer:
                 share = min(1.0, max(lowest, share) + GROWTH_PER_SECOND * max(0.0, now - since))
             limit, carried = _jobs(cap, share, lowest, carried)
             self._shares[domain] = (share, now, carried)
-        wait = None if sample is None else sample.wait_ms
         return Allowance(limit, congested, wait, self.baseline_ms, self.quantile, probing)
 
 

@@ -144,7 +144,7 @@ class Round:
     def _run(self, result: RoundResult) -> None:
         self._record(result, final=False)
         failpoints.hit(f"recovery_round_{self.domain}")
-        found = discovery.discover(self.policy, self._paced_batch())
+        found = self._discover()
         result.has_more = found.has_more
         result.oldest_candidate_age = found.oldest_age
         if self.signals.after_discovery is not None:
@@ -267,9 +267,7 @@ class Round:
         if self.dry_run:
             report.outcome = "would"
             return None
-        redispatches = sum(1 for step in planned if step.decision.kind == decisions.REDISPATCH)
-        cap = self.policy.redispatch_cap if self.pace is None else min(self.pace.limit, self.policy.redispatch_cap)
-        if decision.kind == decisions.REDISPATCH and redispatches >= cap:
+        if decision.kind == decisions.REDISPATCH and self._capped(candidate, planned):
             # The rate cap (a recovery herd after Redis loss) or the pacer's: the rest waits for the next round.
             result.skipped += 1
             result.has_more = True
@@ -277,10 +275,25 @@ class Round:
             return None
         return Planned(candidate, report, state, seen, decision)
 
+    def _capped(self, candidate, planned) -> bool:
+        """Whether the round has re-dispatched all it may: the policy's cap for any job, the pacer's for a job that
+        never started (a stale run is not paced: ``discovery.discover_paced``)."""
+        sent = [step.candidate for step in planned if step.decision.kind == decisions.REDISPATCH]
+        if len(sent) >= self.policy.redispatch_cap:
+            return True
+        if self._paced_batch() is None or candidate.status == "running":
+            return False
+        return sum(1 for c in sent if c.status != "running") >= self.pace.limit
+
+    def _discover(self) -> discovery.Discovery:
+        paced = self._paced_batch()
+        return discovery.discover(self.policy) if paced is None else discovery.discover_paced(self.policy, paced)
+
     def _paced_batch(self) -> int | None:
-        """Candidates a paced round looks at: no more than it may re-dispatch, so a round cut to 3 does not read and
-        gather evidence for 25 only to defer 22 (that work took CPU from new work too). None: the policy's batch."""
-        if self.pace is None or not 0 < self.pace.limit < self.policy.redispatch_cap:
+        """Candidates that never started a paced round looks at: no more than it may re-dispatch, so a round cut to 3
+        does not read and gather evidence for 25 only to defer 22 (that work took CPU from new work too). None: the
+        policy's batch, not paced."""
+        if self.pace is None or self.pace.limit >= self.policy.redispatch_cap:
             return None
         return self.pace.limit
 

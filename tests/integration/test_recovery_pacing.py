@@ -6,9 +6,11 @@ import threading
 
 import pytest
 from django.db import connection
+from rq.job import Job as RQJob
 
 from dispatch_app import submit
 from dispatch_app.conf import dispatch_settings
+from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.models import JobEvent, RecoveryRound
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.pacing import MIN_SAMPLES, QUANTILE, Pacer, Sample, measure_wait
@@ -16,7 +18,13 @@ from dispatch_app.runtime.assembly import add_recovery_loops
 from dispatch_app.runtime.supervisor import Supervisor
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
-from tests.integration.recovery_helpers import dispatch_now, policy
+from tests.integration.recovery_helpers import (
+    dispatch_now,
+    mark_rq_started,
+    policy,
+    start_like_a_worker,
+    statuses,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,6 +50,22 @@ def set_attempt_times(job_ids, *, created_ago: float, waits_ms, dispatched_ago: 
                 [created, wait, job_id],
             )
             assert cursor.rowcount == 1
+
+
+def paced_loop(redis_conn, provider, now: list[float], looks: list[float], domain_policy, **pacer) -> RecoveryLoop:
+    """A recovery loop on the injected clock ``now`` whose pacer reads new work's p99 wait from ``looks``, in turn."""
+    waits = iter(looks)
+    pacer = Pacer(
+        window=5.0,
+        tolerance=1.25,
+        min_share=0.1,
+        measure=lambda window: Sample(MIN_SAMPLES, next(waits)),
+        clock=lambda: now[0],
+        **pacer,
+    )
+    return RecoveryLoop(
+        domain_policy, threading.Event(), clock=lambda: now[0], redis=redis_conn, provider=provider, pacer=pacer
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -93,25 +117,18 @@ def test_a_slowed_new_work_cuts_the_rounds_redispatches_and_the_round_says_why(r
     dispatch_now()
     redis_conn.flushdb()  # every job's RQ job is gone: each one is a re-dispatch candidate
     now = [0.0]
-    pacer = Pacer(
-        window=5.0,
-        tolerance=1.25,
-        slack_ms=2.0,
-        min_share=0.1,
-        start_share=1.0,  # as after a slow start: the whole cap until slowed
-        measure=lambda window, looks=iter([4.0, 40.0]): Sample(MIN_SAMPLES, next(looks)),
-        clock=lambda: now[0],
-    )
-    pacer.allowance("delivery", 25)  # another domain's loop took the quiet look first
-    now[0] += 5.0
-    loop = RecoveryLoop(
+    # As after a slow start: the whole cap until slowed; quiet at the first look, slowed at the second.
+    loop = paced_loop(
+        redis_conn,
+        provider,
+        now,
+        [4.0, 40.0],
         policy("workflow", MAX_REDISPATCHES_PER_ROUND=4),
-        threading.Event(),
-        clock=lambda: now[0],
-        redis=redis_conn,
-        provider=provider,
-        pacer=pacer,
+        slack_ms=2.0,
+        start_share=1.0,
     )
+    loop.pacer.allowance("delivery", 25)  # another domain's loop took the quiet look first
+    now[0] += 5.0
 
     result = loop.run_once()
 
@@ -130,24 +147,9 @@ def test_a_round_per_second_at_a_floor_of_one_job_per_30_s_sends_it_every_twelft
     dispatch_now()
     redis_conn.flushdb()  # every job's RQ job is gone: each one is a re-dispatch candidate
     now = [0.0]
-    pacer = Pacer(
-        window=5.0,
-        tolerance=1.25,
-        slack_ms=0.5,
-        min_share=0.1,
-        floor_seconds=30.0,
-        # Quiet once (the quietest), then slowed for good.
-        measure=lambda window, looks=iter([4.0] + [40.0] * 30): Sample(MIN_SAMPLES, next(looks)),
-        clock=lambda: now[0],
-    )
-    loop = RecoveryLoop(
-        policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25),
-        threading.Event(),
-        clock=lambda: now[0],
-        redis=redis_conn,
-        provider=provider,
-        pacer=pacer,
-    )
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    # Quiet once (the quietest), then slowed for good.
+    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 30, every_second, slack_ms=0.5, floor_seconds=30.0)
 
     results = []
     for _ in range(12):
@@ -161,6 +163,66 @@ def test_a_round_per_second_at_a_floor_of_one_job_per_30_s_sends_it_every_twelft
     assert RecoveryRound.objects.filter(domain="workflow").count() == 1  # a round that does not run leaves no row
     assert JobEvent.objects.filter(kind="recovery_redispatch", job_id__in=[j.pk for j in jobs]).count() == 1
     assert loop.rounds == 1 and loop.busy == 0
+
+
+def test_a_paced_out_round_still_re_runs_a_job_whose_worker_died_and_nothing_that_never_started(redis_conn, provider):
+    interrupted = submit("workflow", PAYLOADS["workflow"])
+    lost = [submit("workflow", PAYLOADS["workflow"]) for _ in range(3)]
+    dispatch_now()
+    interrupted.refresh_from_db()
+    start_like_a_worker(interrupted)
+    mark_rq_started(redis_conn, interrupted.pk, 1, "worker-that-died")  # no worker hash: the worker is gone
+    for job in lost:  # their RQ jobs are gone: each one a re-dispatch candidate the pacer holds back
+        redis_conn.delete(RQJob.key_for(rq_job_id(job.pk, 1)))
+    now = [0.0]
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 30, every_second, slack_ms=0.5, floor_seconds=30.0)
+
+    first = loop.run_once()
+    now[0] += 1.0
+    second = loop.run_once()
+
+    # Owed no job this second, the round still looks at the stale run (and only at it): a killed worker's job is
+    # not held for the floor's 30 s. Then nothing but never-started work is left, and the next round is skipped.
+    assert "paced to 0" in first.paced and first.status == "ok"
+    assert [(c.job_id, c.decision) for c in first.candidates] == [(interrupted.pk, "redispatch")]
+    assert (first.redispatched, first.has_more) == (1, True)
+    assert second.status == "paced out" and (loop.rounds, loop.paced_out) == (1, 1)
+    assert statuses([interrupted, *lost]) == {interrupted.pk: ("submitted", 2)} | {j.pk: ("queued", 1) for j in lost}
+
+
+def test_a_paced_round_re_runs_every_stale_run_beside_its_paced_share_within_the_policy_cap(redis_conn, provider):
+    lost = [submit("workflow", PAYLOADS["workflow"]) for _ in range(4)]
+    runs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(2)]
+    dispatch_now()
+    for job in runs:
+        job.refresh_from_db()
+        start_like_a_worker(job)
+        mark_rq_started(redis_conn, job.pk, 1, "worker-that-died")
+    for job in lost:
+        redis_conn.delete(RQJob.key_for(rq_job_id(job.pk, 1)))
+    now = [0.0]
+    loop = paced_loop(
+        redis_conn,
+        provider,
+        now,
+        [4.0, 40.0],
+        policy("workflow", MAX_REDISPATCHES_PER_ROUND=5),
+        slack_ms=2.0,
+        start_share=1.0,
+    )
+    loop.pacer.allowance("delivery", 25)  # the quiet look
+    now[0] += 5.0
+
+    result = loop.run_once()
+
+    # Paced to 2 of 5: both stale runs and the 2 oldest that never started; the policy's cap still counts them all.
+    assert "paced to 2 (new work slowed" in result.paced
+    assert {c.job_id for c in result.candidates} == {j.pk for j in runs + lost[:2]}
+    assert (result.redispatched, result.has_more) == (4, True)
+    assert statuses(runs + lost) == {j.pk: ("submitted", 2) for j in runs + lost[:2]} | {
+        j.pk: ("queued", 1) for j in lost[2:]
+    }
 
 
 def test_rundispatcher_loops_share_one_pacer_and_the_setting_removes_it():
