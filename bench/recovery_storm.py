@@ -25,6 +25,9 @@ Variants, run interleaved, ``--repeat`` times:
 - ``roundfloor@R``: as ``fast``, with the pacer's floor owed every round
   (``RECOVERY_PACE_FLOOR_SECONDS`` = 0, as before it was owed per 30 s): what a floor
   that a round per second does not multiply saves;
+- ``loose@R``: as ``fast``, with the pacer's tolerance before 6 Dec 2026
+  (``RECOVERY_PACE_TOLERANCE`` 1.25, ``RECOVERY_PACE_SLACK_MS`` 0.5): what the
+  tighter default (1.1 and 0.25) saves;
 - ``own@R``: as ``fast``, with recovered work on a worker process of its own: the two domain
   workers ``runworkers --new-lanes-only``, a third ``runworkers --queues <every>.recovery
   --nice 10``;
@@ -57,7 +60,7 @@ from bench.workers import Workers
 
 NAME = "recovery-storm"
 RATES = (100, 200)
-MODES = ("none", "defaults", "fast", "unpaced", "burst", "roundfloor", "own")
+MODES = ("none", "defaults", "fast", "unpaced", "burst", "roundfloor", "own", "loose")
 VARIANTS = [f"{mode}@{r}" for r in RATES for mode in MODES] + ["fast, saturated"]
 STALE_SECONDS = 600.0
 FAST = {"PERIOD_SECONDS": 1.0, "JITTER_SECONDS": 0.0}
@@ -122,7 +125,7 @@ def run(ctx: Context) -> list[dict]:
         env.reset()
         if mode != "none":
             seed_stale(per_domain, domains)
-        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "roundfloor", "own")
+        fast = mode.startswith("fast") or mode in ("unpaced", "burst", "roundfloor", "own", "loose")
         overrides = {"QUEUED_STALE_SECONDS": STALE_SECONDS, **(FAST if fast else {})}
         if mode == "burst":
             overrides["SPREAD_SECONDS"] = 0.0
@@ -134,6 +137,8 @@ def run(ctx: Context) -> list[dict]:
             "settings": {
                 "RECOVERY_PACING": mode != "unpaced",
                 **({"RECOVERY_PACE_FLOOR_SECONDS": 0.0} if mode == "roundfloor" else {}),
+                # The pacer's tolerance before 6 Dec 2026 (1.25 x the quietest wait + 0.5 ms).
+                **({"RECOVERY_PACE_TOLERANCE": 1.25, "RECOVERY_PACE_SLACK_MS": 0.5} if mode == "loose" else {}),
             },
         }
         stamps = tempfile.NamedTemporaryFile(prefix="pf-storm-stamps-", delete=False)

@@ -164,10 +164,10 @@ SPECS: dict[str, _Spec] = {
         "pacing reads new work's start wait at this quantile of the window (the tail: where a storm shows first)",
     ),
     "RECOVERY_PACE_TOLERANCE": _Spec(
-        1.25, float, 1.0, 100, "new work counts as slowed above its quietest start wait (at that quantile) times this"
+        1.1, float, 1.0, 100, "new work counts as slowed above its quietest start wait (at that quantile) times this"
     ),
     "RECOVERY_PACE_SLACK_MS": _Spec(
-        0.5, float, 0, 60_000, "... plus this (ms), so a few milliseconds of noise are not read as slowed"
+        0.25, float, 0, 60_000, "... plus this (ms), so a few milliseconds of noise are not read as slowed"
     ),
     "RECOVERY_PACE_MIN_SHARE": _Spec(
         0.1,

@@ -68,6 +68,42 @@ def paced_loop(redis_conn, provider, now: list[float], looks: list[float], domai
     )
 
 
+def slowed_after_a_quiet_look(redis_conn, provider, now: list[float], cap: int) -> RecoveryLoop:
+    """As after a slow start, the whole cap until slowed: quiet at the first look (another domain's), slowed after."""
+    loop = paced_loop(
+        redis_conn,
+        provider,
+        now,
+        [4.0, 40.0],
+        policy("workflow", MAX_REDISPATCHES_PER_ROUND=cap),
+        slack_ms=2.0,
+        start_share=1.0,
+    )
+    loop.pacer.allowance("delivery", 25)
+    now[0] += 5.0
+    return loop
+
+
+def slowed_every_second(redis_conn, provider, now: list[float]) -> RecoveryLoop:
+    """A round per second, its cap 25, a floor of 10 % per 30 s; new work quiet once (the quietest), then slowed."""
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    return paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 30, every_second, slack_ms=0.5, floor_seconds=30.0)
+
+
+def die_mid_run(redis_conn, jobs) -> None:
+    """Each job started by a worker that then died (RQ says started on it; no worker hash)."""
+    for job in jobs:
+        job.refresh_from_db()
+        start_like_a_worker(job)
+        mark_rq_started(redis_conn, job.pk, 1, "worker-that-died")
+
+
+def lose_in_redis(redis_conn, jobs) -> None:
+    """Each job's RQ job gone: a re-dispatch candidate that never started."""
+    for job in jobs:
+        redis_conn.delete(RQJob.key_for(rq_job_id(job.pk, 1)))
+
+
 def percentile(values: list[float], q: float) -> float:
     """percentile_cont: linear between the two closest ranks."""
     ordered = sorted(values)
@@ -116,19 +152,7 @@ def test_a_slowed_new_work_cuts_the_rounds_redispatches_and_the_round_says_why(r
     jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(8)]
     dispatch_now()
     redis_conn.flushdb()  # every job's RQ job is gone: each one is a re-dispatch candidate
-    now = [0.0]
-    # As after a slow start: the whole cap until slowed; quiet at the first look, slowed at the second.
-    loop = paced_loop(
-        redis_conn,
-        provider,
-        now,
-        [4.0, 40.0],
-        policy("workflow", MAX_REDISPATCHES_PER_ROUND=4),
-        slack_ms=2.0,
-        start_share=1.0,
-    )
-    loop.pacer.allowance("delivery", 25)  # another domain's loop took the quiet look first
-    now[0] += 5.0
+    loop = slowed_after_a_quiet_look(redis_conn, provider, [0.0], cap=4)
 
     result = loop.run_once()
 
@@ -147,9 +171,7 @@ def test_a_round_per_second_at_a_floor_of_one_job_per_30_s_sends_it_every_twelft
     dispatch_now()
     redis_conn.flushdb()  # every job's RQ job is gone: each one is a re-dispatch candidate
     now = [0.0]
-    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
-    # Quiet once (the quietest), then slowed for good.
-    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 30, every_second, slack_ms=0.5, floor_seconds=30.0)
+    loop = slowed_every_second(redis_conn, provider, now)
 
     results = []
     for _ in range(12):
@@ -169,14 +191,10 @@ def test_a_paced_out_round_still_re_runs_a_job_whose_worker_died_and_nothing_tha
     interrupted = submit("workflow", PAYLOADS["workflow"])
     lost = [submit("workflow", PAYLOADS["workflow"]) for _ in range(3)]
     dispatch_now()
-    interrupted.refresh_from_db()
-    start_like_a_worker(interrupted)
-    mark_rq_started(redis_conn, interrupted.pk, 1, "worker-that-died")  # no worker hash: the worker is gone
-    for job in lost:  # their RQ jobs are gone: each one a re-dispatch candidate the pacer holds back
-        redis_conn.delete(RQJob.key_for(rq_job_id(job.pk, 1)))
+    die_mid_run(redis_conn, [interrupted])
+    lose_in_redis(redis_conn, lost)  # candidates the pacer holds back
     now = [0.0]
-    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
-    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 30, every_second, slack_ms=0.5, floor_seconds=30.0)
+    loop = slowed_every_second(redis_conn, provider, now)
 
     first = loop.run_once()
     now[0] += 1.0
@@ -195,24 +213,9 @@ def test_a_paced_round_re_runs_every_stale_run_beside_its_paced_share_within_the
     lost = [submit("workflow", PAYLOADS["workflow"]) for _ in range(4)]
     runs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(2)]
     dispatch_now()
-    for job in runs:
-        job.refresh_from_db()
-        start_like_a_worker(job)
-        mark_rq_started(redis_conn, job.pk, 1, "worker-that-died")
-    for job in lost:
-        redis_conn.delete(RQJob.key_for(rq_job_id(job.pk, 1)))
-    now = [0.0]
-    loop = paced_loop(
-        redis_conn,
-        provider,
-        now,
-        [4.0, 40.0],
-        policy("workflow", MAX_REDISPATCHES_PER_ROUND=5),
-        slack_ms=2.0,
-        start_share=1.0,
-    )
-    loop.pacer.allowance("delivery", 25)  # the quiet look
-    now[0] += 5.0
+    die_mid_run(redis_conn, runs)
+    lose_in_redis(redis_conn, lost)
+    loop = slowed_after_a_quiet_look(redis_conn, provider, [0.0], cap=5)
 
     result = loop.run_once()
 

@@ -109,7 +109,8 @@ def test_settings_switch_it_off():
 
     assert Pacer.from_settings(validate({"RECOVERY_PACING": False})) is None
     on = Pacer.from_settings(validate({"RECOVERY_PACE_TOLERANCE": 2, "RECOVERY_PACE_MIN_SHARE": 0.5}))
-    assert (on.tolerance, on.min_share, on.window, on.slack_ms, on.quantile) == (2.0, 0.5, 5.0, 0.5, 0.99)
+    assert (on.tolerance, on.min_share, on.window, on.slack_ms, on.quantile) == (2.0, 0.5, 5.0, 0.25, 0.99)
+    assert Pacer.from_settings(validate({})).tolerance == 1.1
     assert on.floor_seconds == 30.0
     assert Pacer.from_settings(validate({"RECOVERY_PACE_FLOOR_SECONDS": 0})).floor_seconds == 0.0
 
