@@ -10,6 +10,7 @@ Redis is a separate db index (default 9) of the configured server, or the one a
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -76,6 +77,8 @@ class BenchEnv:
     ):
         self.database_url = database_url
         self.db_name = db_name
+        # DISPATCH settings every child process gets (DISPATCH_<KEY>, JSON), for a variant that changes one.
+        self.dispatch_env: dict = {}
         self.redis_url_arg = redis_url
         self.redis_db = redis_db
         self.keep_db = keep_db
@@ -205,6 +208,7 @@ class BenchEnv:
             # Production's cursor: DEBUG would record every query of a long-running loop.
             DEBUG="0",
         )
+        env.update({f"DISPATCH_{key}": json.dumps(value) for key, value in self.dispatch_env.items()})
         env.update(extra)
         return env
 

@@ -6,6 +6,8 @@ transaction per job, one worker process, the ``delivery`` task:
 - ``productflow`` / ``productflow-simpleworker``: producer process (``submit``) ->
   dispatcher process -> the project's worker / RQ's SimpleWorker, on a private
   redis-server (``bench.private_redis``) so Redis's CPU is this pipeline's alone;
+- ``productflow-writer``: as ``productflow``, the producer sending its own envelopes after each commit
+  (``DISPATCH['SUBMIT_SENDS']``): the dispatcher is running but has nothing on the job's path;
 - ``procrastinate``: producer process (``defer``) -> one worker (concurrency 1).
 
 CPU = user + system seconds from the window's start (everything started and
@@ -33,8 +35,10 @@ from bench.stats import rate, ratio
 from bench.workers import Workers
 
 NAME = "pipeline-cpu"
-VARIANTS = ["productflow", "productflow-simpleworker", "procrastinate", "submit", "two-inserts"]
-KINDS = {"productflow": "pipeline", "productflow-simpleworker": "simple"}
+VARIANTS = ["productflow", "productflow-writer", "productflow-simpleworker", "procrastinate", "submit", "two-inserts"]
+KINDS = {"productflow": "pipeline", "productflow-writer": "pipeline", "productflow-simpleworker": "simple"}
+# The variant whose submits send their own envelopes (DISPATCH['SUBMIT_SENDS'], dispatch_app.dispatch.writer_send).
+WRITER = {"productflow-writer": {"SUBMIT_SENDS": True}}
 
 
 def _wait(predicate, timeout: float) -> bool:
@@ -218,7 +222,11 @@ def run(ctx: Context) -> list[dict]:
 
     def run_one(variant: str, index: int):
         if variant in KINDS:
-            return _ours(ctx, KINDS[variant], count, per_s), {}
+            ctx.env.dispatch_env = WRITER.get(variant, {})
+            try:
+                return _ours(ctx, KINDS[variant], count, per_s), {}
+            finally:
+                ctx.env.dispatch_env = {}
         if variant == "procrastinate":
             return _procrastinate(ctx, count, per_s), {}
         return _submit(ctx, "submit" if variant == "submit" else "inserts", submit_jobs), {}
@@ -227,6 +235,9 @@ def run(ctx: Context) -> list[dict]:
     pipeline = {"rate": per_s, "jobs": count, "worker_processes": 1, "task": "delivery (ours), async no-op (peer)"}
     params = {
         "productflow": dict(pipeline, processes="producer, rundispatcher, runworkers --processes 1, private Redis"),
+        "productflow-writer": dict(
+            pipeline, processes="producer (SUBMIT_SENDS: it sends its own), rundispatcher, runworkers --processes 1"
+        ),
         "productflow-simpleworker": dict(pipeline, processes="producer, rundispatcher, rqworker SimpleWorker"),
         "procrastinate": dict(pipeline, processes="producer (defer), 1 worker, concurrency 1"),
         "submit": {"jobs": submit_jobs, "how": "outbox.submit_many([one job]) per transaction, flat out"},

@@ -12,7 +12,9 @@ class DispatchAppConfig(AppConfig):
 
         import dispatch_app.conf as conf
         import dispatch_app.domains.registry as registry
+        import dispatch_app.outbox as outbox
         import dispatch_app.redis_servers as redis_servers
+        from dispatch_app.dispatch.writer_send import WriterSend
         from dispatch_app.recovery.policy import validate_overrides
         from dispatch_app.settings_rules import TAG, check_settings_rules
         from dispatch_app.tasks.queues import task_domains
@@ -25,6 +27,8 @@ class DispatchAppConfig(AppConfig):
         checks.register(_check_dispatch_settings)
         checks.register(check_settings_rules, TAG)  # rules between settings (README, "Settings")
         setting_changed.connect(_domains_setting_changed, dispatch_uid="dispatch_app.domains")
+        # The writer's own send (DISPATCH['SUBMIT_SENDS']; off, it sends nothing and reads the setting per submit).
+        outbox.install_writer_send(WriterSend())
         # Declared domains load now, so every queue has its RQ_QUEUES entry before anything reads it.
         registry.all_domains()
 

@@ -138,6 +138,21 @@ SPECS: dict[str, _Spec] = {
         "how long envelopes sent ahead of their claim wait to be marked dispatched together, so one statement marks "
         "every envelope sent meanwhile; 0 marks each drain's at once (s; dispatch_app.dispatch.announced)",
     ),
+    "SUBMIT_SENDS": _Spec(
+        False,
+        bool,
+        doc="a submit of up to 8 jobs due now sends their envelopes to RQ itself, right after its commit: no "
+        "dispatcher hop and no NOTIFY, and the worker's start marks the envelope dispatched "
+        "(dispatch_app.dispatch.writer_send); False leaves every envelope to the dispatcher",
+    ),
+    "SUBMIT_SEND_GRACE": _Spec(
+        2.0,
+        float,
+        0.1,
+        60,
+        "how long the dispatcher leaves an envelope to the writer that sends it (SUBMIT_SENDS) before it claims and "
+        "sends it itself: the extra wait of a job whose writer died or could not reach Redis after its commit (s)",
+    ),
     "PAYLOAD_MAX_BYTES": _Spec(65_536, int, 16, 16 * 1024 * 1024, "largest accepted JSON payload, encoded"),
     "RQ_JOB_TIMEOUT": _Spec(600, int, 1, 86_400, "RQ job timeout (s)"),
     "RQ_RESULT_TTL": _Spec(86_400, int, 1, 30 * 86_400, "how long RQ keeps a job hash (also the duplicate guard)"),
@@ -248,6 +263,8 @@ class DispatchSettings:
     PREPARED_STATEMENTS: bool
     SEND_ANNOUNCED: bool
     MARK_AHEAD_DELAY: float
+    SUBMIT_SENDS: bool
+    SUBMIT_SEND_GRACE: float
     PAYLOAD_MAX_BYTES: int
     RQ_JOB_TIMEOUT: int
     RQ_RESULT_TTL: int

@@ -146,7 +146,7 @@ class DispatchEnvelope(models.Model):
         ]
         triggers = [
             Trigger(
-                name="envelope_notify_insert_v3",
+                name="envelope_notify_insert_v4",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,

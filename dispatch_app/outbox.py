@@ -21,12 +21,12 @@ import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
-from typing import Any
+from functools import cache, partial
+from typing import Any, Protocol
 
 from django.core.exceptions import ValidationError
 from django.core.signals import setting_changed
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 import dispatch_app.payloads as payloads
@@ -37,6 +37,7 @@ from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
 from dispatch_app.models import Job, JobStatus
 from dispatch_app.store.transitions import redispatch  # its old home; store.transitions owns it
+from dispatch_app.tuning import ANNOUNCE_MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,23 @@ def _forget_settings(setting, **kwargs) -> None:
 setting_changed.connect(_forget_settings)
 
 
+class WriterSend(Protocol):
+    def ready(self) -> bool: ...
+    def send(self, rows: list[tuple[int, int, int, str, str]]) -> int: ...
+
+
+# The writer's own send (DISPATCH['SUBMIT_SENDS']), installed by the app (dispatch_app.dispatch.writer_send):
+# this layer may not import the dispatcher's. None: every envelope is the dispatcher's to send.
+_writer_send: WriterSend | None = None
+
+
+def install_writer_send(sender: WriterSend | None) -> WriterSend | None:
+    """Use ``sender`` for the envelopes a submit sends itself; returns the one it replaces."""
+    global _writer_send
+    previous, _writer_send = _writer_send, sender
+    return previous
+
+
 def submit(domain: str, payload: dict, *, available_at: datetime | timedelta | None = None) -> Job:
     """Validate, then write the job and its first envelope in one transaction.
 
@@ -161,6 +179,9 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
     if not specs:
         return []
     sql, defaults, returned = job_rows.create_statement()
+    sender = _writer_send
+    # A small submit only: a bulk one is the dispatcher's (its batches send faster than one writer's chunk).
+    writes_own = sender is not None and len(specs) <= ANNOUNCE_MAX_ROWS and sender.ready()
     trace = tracing.capture()  # the caller's trace context, one parameter of the same statement (dispatch_app.tracing)
     at = [s.available_at if isinstance(s.available_at, datetime) else None for s in specs]
     delay = [s.available_at.total_seconds() if isinstance(s.available_at, timedelta) else None for s in specs]
@@ -172,20 +193,26 @@ def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
         delay,
         json.dumps(trace) if trace else None,
         *defaults,
+        writes_own,
     ]
     with prepared.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    jobs = []
+    jobs, own = [], []
     for spec, row in zip(specs, rows, strict=True):
         job = Job(domain=spec.domain, payload=spec.payload, trace_context=trace)
         job.id = row[0]
-        for name, value in zip(returned, row[1:], strict=True):
+        for name, value in zip(returned, row[1:-2], strict=True):
             setattr(job, name, value)
         job._state.adding = False
         job._state.db = connection.alias
         jobs.append(job)
+        if row[-1]:
+            own.append((row[-2], job.id, 1, spec.domain, get_domain(spec.domain).queue))
+    if own:
+        # After the commit: at once outside a transaction, never if the caller's rolls back.
+        transaction.on_commit(partial(sender.send, own))
     return jobs
 
 
-__all__ = ["JobSpec", "JobStatus", "redispatch", "submit", "submit_many"]
+__all__ = ["JobSpec", "JobStatus", "install_writer_send", "redispatch", "submit", "submit_many"]

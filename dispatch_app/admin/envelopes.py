@@ -12,6 +12,7 @@ from dispatch_app.admin.common import ReadOnlyAdmin, report, since, until
 from dispatch_app.admin.filters import DomainFilter, DueFilter, EnvelopeAgeFilter
 from dispatch_app.models import DispatchEnvelope
 from dispatch_app.ops.timeline import format_duration
+from dispatch_app.store.writer_lease import WRITER_TOKEN
 from dispatch_app.templatetags.dispatch_ops import utc
 
 
@@ -53,7 +54,10 @@ class EnvelopeAdmin(ReadOnlyAdmin):
             return f"sent {utc(obj.dispatched_at)}"
         due_in = getattr(obj, "_due_in", None)
         relative = f" ({blockers.in_seconds(due_in.total_seconds())})" if due_in is not None else ""
-        leased = "leased until " if obj.lease_token else ""
+        if obj.lease_token == WRITER_TOKEN:
+            leased = "sent by its writer, due "  # SUBMIT_SENDS: the dispatcher takes it after SUBMIT_SEND_GRACE
+        else:
+            leased = "leased until " if obj.lease_token else ""
         return f"{leased}{utc(obj.available_at)}{relative}"
 
     @admin.display(description="age", ordering="created_at")

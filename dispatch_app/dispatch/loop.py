@@ -223,7 +223,7 @@ class DispatchLoop:
         started = time.perf_counter()
         connection.ensure_connection()
         connected = time.perf_counter()
-        batch = claim.claim_batch(limit or conf.BATCH_SIZE, conf.LEASE_SECONDS)
+        batch = claim.claim_batch(limit or conf.BATCH_SIZE, conf.LEASE_SECONDS, writer_grace=conf.SUBMIT_SEND_GRACE)
         result.connect_seconds = connected - started
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)

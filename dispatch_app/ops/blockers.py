@@ -24,6 +24,7 @@ from urllib.parse import quote
 from dispatch_app.ops.timeline import format_duration
 from dispatch_app.recovery.event_kinds import COUNT_EVENTS
 from dispatch_app.store.tables import ENVELOPE, EVENT, JOB
+from dispatch_app.store.writer_lease import WRITER_TOKEN
 
 # The event a recovery re-dispatch writes on the attempt it moves on from.
 RECOVERED = COUNT_EVENTS["redispatched"]
@@ -31,7 +32,7 @@ RECOVERED = COUNT_EVENTS["redispatched"]
 
 @dataclass(frozen=True)
 class Blocker:
-    kind: str  # paused | backoff | lease | dispatcher | dead | worker | none
+    kind: str  # paused | backoff | lease | writer | dispatcher | dead | worker | none
     text: str
     alarming: bool = False
 
@@ -65,13 +66,13 @@ def envelopes_of(cursor, job_ids) -> dict[int, dict]:
     cursor.execute(
         f"""
         SELECT e.job_id, e.status, e.lease_token IS NOT NULL, extract(epoch FROM e.available_at - clock_timestamp()),
-               e.send_attempts, e.last_error, e.attempt,
+               e.send_attempts, e.last_error, e.attempt, e.lease_token IS NOT DISTINCT FROM %s::uuid,
                EXISTS (SELECT 1 FROM {EVENT} v WHERE v.job_id = e.job_id AND v.attempt = e.attempt - 1
                        AND v.kind = %s)
         FROM {ENVELOPE} e JOIN {JOB} j ON j.id = e.job_id AND j.attempt = e.attempt
         WHERE e.job_id = ANY(%s)
         """,
-        [RECOVERED, ids],
+        [str(WRITER_TOKEN), RECOVERED, ids],
     )
     return {
         job_id: {
@@ -82,8 +83,9 @@ def envelopes_of(cursor, job_ids) -> dict[int, dict]:
             "last_error": error,
             "attempt": attempt,
             "recovered": recovered,
+            "writer": writer,
         }
-        for job_id, status, leased, due_in, sends, error, attempt, recovered in cursor.fetchall()
+        for job_id, status, leased, due_in, sends, error, attempt, writer, recovered in cursor.fetchall()
     }
 
 
@@ -106,6 +108,12 @@ def outbox(status: str, attempt: int, envelope: dict | None, pause: dict | None,
     due_in = envelope["due_in"]
     if envelope["leased"] and due_in > 0:
         return Blocker("lease", f"being sent by a dispatcher (its lease ends {in_seconds(due_in)})")
+    if envelope.get("writer"):
+        return Blocker(
+            "writer",
+            f"sent to RQ by its writer after the commit (SUBMIT_SENDS), submitted {in_seconds(due_in)}; a dispatcher "
+            "sends it again if no worker started it within SUBMIT_SEND_GRACE",
+        )
     if pause is not None:
         # Before the backoff: a paused domain's due envelopes wait for the resume, not for their time.
         return Blocker("paused", paused_text(pause), True)

@@ -18,7 +18,9 @@ from django.db import connection
 import dispatch_app.prepared as prepared
 import dispatch_app.stage_sql as stage_sql
 import dispatch_app.store.transitions as transitions
+import dispatch_app.store.writer_lease as writer_lease
 import dispatch_app.tracing as tracing
+from dispatch_app.conf import dispatch_settings
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
 from dispatch_app.tuning import AGAIN_PER_CLAIM
 
@@ -95,7 +97,7 @@ CLAIM_SQL = f"""
 WITH first AS (
     SELECT id FROM {ENVELOPE}
     WHERE status = 'pending' AND attempt = 1 AND available_at <= (SELECT clock_timestamp())
-      AND domain NOT IN (SELECT domain FROM {PAUSE})
+      AND domain NOT IN (SELECT domain FROM {PAUSE}) AND {writer_lease.CLAIM_SKIP}
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -133,18 +135,35 @@ SELECT claimed.*, next_due.seconds FROM next_due LEFT JOIN claimed ON true
 
 
 def claim_batch(
-    limit: int, lease_seconds: float, *, again_limit: int | None = None, locking: str = "FOR UPDATE SKIP LOCKED"
+    limit: int,
+    lease_seconds: float,
+    *,
+    again_limit: int | None = None,
+    writer_grace: float | None = None,
+    locking: str = "FOR UPDATE SKIP LOCKED",
 ) -> Claim:
     """Up to ``limit`` due envelopes, first attempts first, then at most ``again_limit`` later attempts.
 
     ``again_limit`` defaults to AGAIN_PER_CLAIM; a claim that took that many may have left more due
     (``Claim.again_full``), so the loop claims again at once, taking new work first each time.
+    ``writer_grace`` (SUBMIT_SEND_GRACE by default): an envelope its writer sends itself is left to it this long.
     """
     token = uuid.uuid4()
     again_limit = AGAIN_PER_CLAIM if again_limit is None else again_limit
+    if writer_grace is None:
+        writer_grace = dispatch_settings().SUBMIT_SEND_GRACE
     sql = CLAIM_SQL if locking == "FOR UPDATE SKIP LOCKED" else CLAIM_SQL.replace("FOR UPDATE SKIP LOCKED", locking)
     with prepared.cursor(dispatcher_session=True) as cursor:
-        cursor.execute(sql, {"limit": limit, "lease": lease_seconds, "token": token, "again_limit": again_limit})
+        cursor.execute(
+            sql,
+            {
+                "limit": limit,
+                "lease": lease_seconds,
+                "token": token,
+                "again_limit": again_limit,
+                "writer_grace": writer_grace,
+            },
+        )
         rows = cursor.fetchall()
     next_due_in = rows[0][-1]  # the last column of every row; an empty claim returns one row of NULLs and it
     # RETURNING order is not guaranteed; the send order follows the claim's: first attempts, then the rest.

@@ -13,7 +13,8 @@ from django.db.models import NOT_PROVIDED
 
 from dispatch_app.models import Job
 from dispatch_app.store.envelope_builder import fresh_columns, model_defaults
-from dispatch_app.store.tables import ENVELOPE, JOB
+from dispatch_app.store.tables import ENVELOPE, JOB, PAUSE
+from dispatch_app.store.writer_lease import WRITER_TOKEN
 
 
 @cache
@@ -21,8 +22,10 @@ def create_statement() -> tuple[str, list, list[str]]:
     """(sql, default values, job fields returned): jobs and their first envelopes, one statement.
 
     Parameters, in order: domains, payloads (JSON text), queues, due datetimes, delays in seconds (the last two
-    per job, either may be NULL), the trace context (JSON text or NULL), then the default values. Built once
-    from the models, so a field added later keeps its default.
+    per job, either may be NULL), the trace context (JSON text or NULL), then the default values, then whether
+    the writer sends the envelopes itself (``store.writer_lease``: only those due now, of a domain not paused).
+    Built once from the models, so a field added later keeps its default. Each row: the job's id, the returned
+    fields, its envelope's id and whether that envelope is the writer's to send.
     """
     job_columns, job_values = model_defaults(Job, {"domain", "payload", "trace_context"})
     env_columns, env_values = fresh_columns()
@@ -47,14 +50,19 @@ WITH spec AS (
     -- Ids are drawn in the order the rows are inserted (ORDER BY n).
     SELECT job.*, row_number() OVER (ORDER BY id) AS n FROM job
 ), envelope AS (
-    INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{extra(env_columns)})
+    INSERT INTO {ENVELOPE} (job_id, attempt, domain, queue, available_at{extra(env_columns)}, lease_token)
     SELECT numbered.id, 1, spec.domain, spec.queue,
            -- A delay is added to the database clock, never to the host's.
            COALESCE(spec.at, clock_timestamp() + make_interval(secs => spec.delay), clock_timestamp())
-           {placeholders(env_columns)}
+           {placeholders(env_columns)},
+           CASE WHEN %s::boolean AND spec.at IS NULL AND spec.delay IS NULL
+                     AND spec.domain NOT IN (SELECT domain FROM {PAUSE})
+                THEN '{WRITER_TOKEN}'::uuid END
     FROM numbered JOIN spec USING (n) ORDER BY n
+    RETURNING id, job_id, lease_token IS NOT NULL AS writer
 )
-SELECT id{extra(returned_columns)} FROM numbered ORDER BY n
+SELECT numbered.id{"".join(f", numbered.{c}" for c in returned_columns)}, envelope.id, envelope.writer
+FROM numbered JOIN envelope ON envelope.job_id = numbered.id ORDER BY n
 """
     return sql, [*job_values, *env_values], returned
 

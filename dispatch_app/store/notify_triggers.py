@@ -25,13 +25,14 @@ ANNOUNCE_IF_NEEDED = (
 # so the claim's round trip is off the job's path. Only envelopes claimable now and
 # of a domain not paused; the rest (delayed, paused, a big insert) are announced by
 # domain as before: "worth a scan" (a small insert: up to tuning.ANNOUNCE_MAX_ROWS rows). Either way the
-# table stays the record.
+# table stays the record. An envelope its writer sends itself (store.writer_lease: leased at insert) wakes no
+# one: the dispatcher claims it only if the writer's grace runs out, and its fallback tick finds it then.
 NOTIFY_INSERTED = (
     ANNOUNCE_IF_NEEDED + f"PERFORM pg_notify('{NOTIFY_CHANNEL}', x.payload) FROM ("
     " WITH pending AS (SELECT id, job_id, attempt, domain, queue,"
     f"  (SELECT count(*) FROM new_rows) <= {ANNOUNCE_MAX_ROWS} AND available_at <= clock_timestamp()"
     "  AND domain NOT IN (SELECT domain FROM dispatch_app_domainpause) AS listed"
-    "  FROM new_rows WHERE status = 'pending')"
+    "  FROM new_rows WHERE status = 'pending' AND lease_token IS NULL)"
     f" SELECT '{ANNOUNCE_PREFIX}' || json_agg(json_build_array(id, job_id, attempt, domain, queue) ORDER BY id)"
     " AS payload"
     " FROM pending WHERE listed HAVING count(*) > 0"

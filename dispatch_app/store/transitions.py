@@ -38,6 +38,7 @@ import dispatch_app.store.events as events
 from dispatch_app.domains import get_domain
 from dispatch_app.store.envelope_builder import fresh_insert, fresh_params
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
+from dispatch_app.store.writer_lease import WRITER_TOKEN
 
 UNFINISHED = ("submitted", "queued", "running")
 FINISHED_BY_WORKER = ("succeeded", "failed", "outcome_unknown")
@@ -85,21 +86,32 @@ DEAD_LETTER_CTE = f"""UPDATE {JOB} j
 #     Accepting it admits nothing the dispatcher would not send at its next claim anyway.
 # So a job scheduled for later, one whose envelope is dead or missing, or one of a paused domain does not
 # start, whoever names it. A refused start changes nothing (no row); the worker asks why (START_REFUSAL_SQL).
+#
+# An envelope its writer sent (store.writer_lease) has no dispatcher to mark it: the start marks it dispatched, at
+# the start (the database does not know when the writer's send reached RQ; never later than the start).
 START_SQL = f"""
-UPDATE {JOB} j
-SET status = 'running', started_at = clock_timestamp(),
-    dispatched_at = COALESCE(j.dispatched_at, clock_timestamp()), updated_at = clock_timestamp()
-FROM (SELECT set_config('productflow.worker', %s, true)) AS w
-WHERE j.id = %s AND j.attempt = %s AND j.status IN ('submitted', 'queued')
-  AND j.domain = ANY(COALESCE(%s::text[], ARRAY[j.domain]))
-  AND j.domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
-  AND EXISTS (
-      SELECT 1 FROM {ENVELOPE} e
-      WHERE e.job_id = j.id AND e.attempt = j.attempt
-        AND (e.status = 'dispatched'
-             OR (e.status = 'pending'
-                 AND (e.lease_token IS NOT NULL OR e.send_attempts > 0 OR e.available_at <= clock_timestamp()))))
-RETURNING j.payload, j.trace_context, j.started_at, j.domain
+WITH started AS (
+    UPDATE {JOB} j
+    SET status = 'running', started_at = clock_timestamp(),
+        dispatched_at = COALESCE(j.dispatched_at, clock_timestamp()), updated_at = clock_timestamp()
+    FROM (SELECT set_config('productflow.worker', %s, true)) AS w
+    WHERE j.id = %s AND j.attempt = %s AND j.status IN ('submitted', 'queued')
+      AND j.domain = ANY(COALESCE(%s::text[], ARRAY[j.domain]))
+      AND j.domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
+      AND EXISTS (
+          SELECT 1 FROM {ENVELOPE} e
+          WHERE e.job_id = j.id AND e.attempt = j.attempt
+            AND (e.status = 'dispatched'
+                 OR (e.status = 'pending'
+                     AND (e.lease_token IS NOT NULL OR e.send_attempts > 0
+                          OR e.available_at <= clock_timestamp()))))
+    RETURNING j.id, j.attempt, j.payload, j.trace_context, j.started_at, j.domain
+), writers AS (
+    UPDATE {ENVELOPE} e SET lease_token = NULL, status = 'dispatched', dispatched_at = s.started_at
+    FROM started s
+    WHERE e.job_id = s.id AND e.attempt = s.attempt AND e.status = 'pending' AND e.lease_token = '{WRITER_TOKEN}'
+)
+SELECT payload, trace_context, started_at, domain FROM started
 """
 
 # Why START_SQL started nothing, read after the fact for the refusal's event (never on a start's path).

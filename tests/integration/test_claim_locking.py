@@ -28,7 +28,7 @@ def raw_connection() -> psycopg.Connection:
 
 def claim_on(conn: psycopg.Connection, limit: int) -> list[int]:
     rows = conn.execute(
-        CLAIM_SQL, {"limit": limit, "lease": 30, "token": uuid.uuid4(), "again_limit": limit}
+        CLAIM_SQL, {"limit": limit, "lease": 30, "token": uuid.uuid4(), "again_limit": limit, "writer_grace": 2.0}
     ).fetchall()
     return sorted(r[0] for r in rows)
 

@@ -34,7 +34,7 @@ def explain(cursor, options: str, limit: int) -> list[dict]:
         cursor.execute(statement.replace("SET ", "SET LOCAL ", 1))
     cursor.execute(
         f"EXPLAIN ({options}, FORMAT JSON) " + CLAIM_SQL,
-        {"limit": limit, "lease": 30, "token": str(uuid.uuid4()), "again_limit": AGAIN_PER_CLAIM},
+        {"limit": limit, "lease": 30, "token": str(uuid.uuid4()), "again_limit": AGAIN_PER_CLAIM, "writer_grace": 2.0},
     )
     raw = cursor.fetchone()[0]
     return list(plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
@@ -152,11 +152,11 @@ def test_the_generic_plan_of_the_prepared_claim_reads_both_indexes_in_order(big_
     # The claim runs prepared (dispatch_app.prepared); after five executions PostgreSQL keeps a generic plan,
     # made without the batch size or the clock. That plan too must read the indexes in order, never Sort.
     sql = CLAIM_SQL.replace("%(limit)s", "$1::int").replace("%(lease)s", "$2::float8").replace("%(token)s", "$3::uuid")
-    sql = sql.replace("%(again_limit)s", "$4::int")
+    sql = sql.replace("%(again_limit)s", "$4::int").replace("%(writer_grace)s", "$5::float8")
     for statement in DISPATCHER_SESSION:
         big_outbox.execute(statement.replace("SET ", "SET LOCAL ", 1))
     big_outbox.execute("PREPARE pf_claim_probe AS " + sql)
-    big_outbox.execute(f"EXPLAIN (FORMAT JSON) EXECUTE pf_claim_probe(100, 30, '{uuid.uuid4()}', {AGAIN_PER_CLAIM})")
+    big_outbox.execute(f"EXPLAIN (FORMAT JSON) EXECUTE pf_claim_probe(100, 30, '{uuid.uuid4()}', {AGAIN_PER_CLAIM}, 2)")
     raw = big_outbox.fetchone()[0]
     nodes = list(plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
     kinds = [n["Node Type"] for n in nodes]

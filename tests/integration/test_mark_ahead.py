@@ -78,7 +78,9 @@ def test_an_envelope_a_peers_uncommitted_claim_holds_is_waited_for_then_left_to_
         psycopg.connect(**listener_conninfo(), autocommit=True) as observer,
     ):
         token = uuid.uuid4()
-        peer.execute(CLAIM_SQL, {"limit": 10, "lease": 30, "token": token, "again_limit": 10})  # left open
+        peer.execute(
+            CLAIM_SQL, {"limit": 10, "lease": 30, "token": token, "again_limit": 10, "writer_grace": 2.0}
+        )  # left open
         thread = threading.Thread(target=mark)
         thread.start()
         # Bounded wait until the mark is blocked on the peer's row lock (a real lock wait, not a sleep). The

@@ -43,8 +43,9 @@ def test_three_calls_cost_three_records_and_one_settle():
         else:
             kinds.append(sql.split()[0])
     # The start, each call's record (carrying the previous call's outcome), the last outcome, the finish:
-    # 6 statements where a record and a settle per call took 8.
-    assert kinds == ["UPDATE", "record", "record+settle", "record+settle", "settle", "UPDATE"], kinds
+    # 6 statements where a record and a settle per call took 8. The start is a WITH (it marks an envelope its
+    # writer sent, store.writer_lease).
+    assert kinds == ["WITH", "record", "record+settle", "record+settle", "settle", "UPDATE"], kinds
     assert [(seq, status, done) for seq, status, _, done in calls(job.pk)] == [
         (0, "succeeded", True),
         (1, "succeeded", True),

@@ -43,7 +43,8 @@ def test_back_to_back_jobs_cost_two_statements_each_and_no_health_check(counted,
             assert execute("delivery", job.pk, 1) == {"succeeded": True}
 
     statements = [q["sql"].split()[0] for q in queries.captured_queries]
-    assert statements == ["UPDATE", "UPDATE"] * 2, statements  # the start CAS and the finish, per job
+    # The start CAS (a WITH: it marks an envelope its writer sent, store.writer_lease) and the finish, per job.
+    assert statements == ["WITH", "UPDATE"] * 2, statements
     assert counted == {"is_usable": 0, "set_autocommit": 0}, "no SELECT 1, no BEGIN/COMMIT"
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 3
 

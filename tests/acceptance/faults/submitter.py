@@ -1,8 +1,8 @@
 """Child process for the fault suite: submits jobs through the real outbox API.
 
 Reads one JSON request per line on stdin ({"count", "domain", "prefix", "delay"}, optionally
-"payloads": the jobs' payloads as given, instead of generated ones),
-submits in transactions of 250 through ``submit_many`` and answers one JSON line
+"payloads": the jobs' payloads as given, instead of generated ones, and "group": jobs per transaction),
+submits in transactions of 250 (or "group") through ``submit_many`` and answers one JSON line
 with the new job ids. Its database connection stays open between requests.
 """
 
@@ -35,14 +35,15 @@ def main() -> None:
             ids = []
             given = request.get("payloads")
             count = len(given) if given is not None else request["count"]
-            for start in range(0, count, 250):
+            group = int(request.get("group") or 250)
+            for start in range(0, count, group):
                 specs = [
                     JobSpec(
                         request["domain"],
                         given[i] if given is not None else payload(request["domain"], request["prefix"], i),
                         delay,
                     )
-                    for i in range(start, min(start + 250, count))
+                    for i in range(start, min(start + group, count))
                 ]
                 ids.extend(job.pk for job in submit_many(specs))
             reply = {"ids": ids}
