@@ -19,6 +19,7 @@ The project's path also has its dispatcher process (outbox -> RQ) and Redis.
   commit -> claimed -> in RQ -> started in RQ -> started in PostgreSQL -> work begins.
 
 Variants: ``productflow`` (the project's worker, ``manage.py runworkers``),
+``productflow-writer`` (the same, the producer sending its own envelopes: ``SUBMIT_SENDS``),
 ``productflow-simpleworker`` (RQ's SimpleWorker, what the README ran before),
 ``procrastinate``. pgqueuer is in ``worker-ceiling``.
 """
@@ -50,8 +51,11 @@ HOPS = (
 )
 # Beside the path: when the claim ran (DB clock), after the send for an announced envelope.
 CLAIM = ("commit_to_claimed", "commit", "claimed")
-VARIANTS = ["productflow", "productflow-simpleworker", "procrastinate"]
-KINDS = {"productflow": "pipeline", "productflow-simpleworker": "simple"}
+VARIANTS = ["productflow", "productflow-writer", "productflow-simpleworker", "procrastinate"]
+KINDS = {"productflow": "pipeline", "productflow-writer": "pipeline", "productflow-simpleworker": "simple"}
+# The variant whose submits send their own envelopes (DISPATCH['SUBMIT_SENDS'], dispatch_app.dispatch.writer_send):
+# a transaction of at most 8 jobs (the latency phases) skips the dispatcher; the e2e phase's 100 do not.
+WRITER = {"productflow-writer": {"SUBMIT_SENDS": True}}
 
 
 def _wait(predicate, timeout: float, interval: float = 0.05) -> bool:
@@ -176,6 +180,7 @@ def _sends_per_attempt(metrics: dict, w: int, r: float, before: dict, after: dic
     sends = after.get("sends", 0) - before.get("sends", 0)
     dispatched = after.get("dispatched", 0) - before.get("dispatched", 0)
     metrics[f"w{w}_sends_per_attempt_at{int(r)}"] = ratio(sends, dispatched)
+    metrics[f"w{w}_dispatcher_sends_at{int(r)}"] = sends  # a writer's own sends are not the dispatcher's
     metrics[f"w{w}_send_duplicates_at{int(r)}"] = after.get("duplicates", 0) - before.get("duplicates", 0)
 
 
@@ -322,7 +327,11 @@ def run(ctx: Context) -> list[dict]:
     processes, e2e, rates, seconds = _phases(ctx)
 
     def run_one(variant: str, index: int):
-        metrics = _procrastinate(ctx) if variant == "procrastinate" else _ours(ctx, KINDS[variant])
+        ctx.env.dispatch_env = WRITER.get(variant, {})
+        try:
+            metrics = _procrastinate(ctx) if variant == "procrastinate" else _ours(ctx, KINDS[variant])
+        finally:
+            ctx.env.dispatch_env = {}
         cdf = metrics.pop("_cdf", [])
         return metrics, {"db_cdf": cdf} if cdf else {}
 
@@ -341,6 +350,13 @@ def run(ctx: Context) -> list[dict]:
             workers="manage.py runworkers --processes W (PipelineWorker), 1 job at a time per process",
             durability="job state in PostgreSQL (start and finish committed), RQ job hashes in Redis (no persistence)",
             dispatcher="one rundispatcher process (LISTEN/NOTIFY, defaults)",
+        ),
+        "productflow-writer": dict(
+            common,
+            workers="as productflow",
+            durability="as productflow",
+            dispatcher="one rundispatcher process; the producer sends its own envelopes after each commit "
+            "(SUBMIT_SENDS), its commit stamped when its send began",
         ),
         "productflow-simpleworker": dict(
             common,

@@ -46,6 +46,7 @@ def main() -> None:
     from dispatch_app.outbox import JobSpec, submit_many
 
     base = json.loads(sys.argv[1])
+    commits = _stamp_writer_sends()
     connection.ensure_connection()
     print("ready", flush=True)
     # One phase per ``go <json>`` line (the spec's overrides), until ``stop`` or EOF.
@@ -56,8 +57,35 @@ def main() -> None:
         if word != "go":
             continue
         spec = dict(base, **json.loads(rest or "{}"))
+        commits.clear()
         out = phase(spec, connection, transaction, submit_many, JobSpec, demo_payload, get_domain, self_cpu)
+        # A job its writer sent: its commit is when the send began (the send runs before submit_many returns).
+        out["committed"].update((job_id, at) for job_id, at in commits.items() if job_id in out["committed"])
         print("result " + json.dumps(out), flush=True)
+
+
+class _Stamped:
+    """The installed writer send (DISPATCH['SUBMIT_SENDS']), noting the wall time its send began per job."""
+
+    def __init__(self, inner, commits: dict):
+        self.inner, self.commits = inner, commits
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def send(self, rows) -> int:
+        now = time.time()
+        self.commits.update((job_id, now) for _, job_id, *_ in rows)
+        return self.inner.send(rows)
+
+
+def _stamp_writer_sends() -> dict:
+    import dispatch_app.outbox as outbox
+
+    commits: dict = {}
+    inner = outbox.install_writer_send(None)
+    outbox.install_writer_send(None if inner is None else _Stamped(inner, commits))
+    return commits
 
 
 def phase(spec, connection, transaction, submit_many, JobSpec, demo_payload, get_domain, self_cpu) -> dict:  # noqa: N803

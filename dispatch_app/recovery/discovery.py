@@ -96,13 +96,13 @@ class Discovery:
         return self.candidates[0].age_seconds if self.candidates else None
 
 
-def discover(policy, limit: int | None = None) -> Discovery:
+def discover(policy) -> Discovery:
     """One short transaction: up to B candidates, oldest first; the (B+1)th only says "has more".
 
-    ``limit``: fewer than B (a paced round looks only at what it may act on).
+    A paced round looks at fewer (``discover_paced``).
     """
     with transaction.atomic(), connection.cursor() as cursor:
-        return _discover(cursor, policy, ACTIVE, _batch(policy, limit))
+        return _discover(cursor, policy, ACTIVE, policy.batch_size)
 
 
 def discover_paced(policy, limit: int) -> Discovery:
@@ -129,8 +129,8 @@ def stale_runs(policy) -> bool:
 ACTIVE = ["submitted", "queued", "running"]
 
 
-def _batch(policy, limit: int | None) -> int:
-    return policy.batch_size if limit is None else max(0, min(limit, policy.batch_size))
+def _batch(policy, limit: int) -> int:
+    return max(0, min(limit, policy.batch_size))
 
 
 def _discover(cursor, policy, statuses: list[str], batch: int) -> Discovery:

@@ -117,11 +117,11 @@ def test_a_round_error_is_logged_with_the_domain_and_the_loop_goes_on(redis_conn
     fake = FakeTime(stop)
     calls = []
 
-    def failing_discover(p, limit=None):
+    def failing_discover(p):
         calls.append(p.domain)
         if len(calls) == 1:
             raise RuntimeError("database hiccup")
-        return real_discover(p, limit)
+        return real_discover(p)
 
     from dispatch_app.recovery import discovery
 
