@@ -18,10 +18,12 @@ import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 
 from dispatch_app.values import coerce_number
 
@@ -30,6 +32,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "SPECS",
     "DispatchSettings",
+    "cached_settings",
     "check_lease",
     "coerce_number",
     "dispatch_settings",
@@ -307,6 +310,7 @@ def register_validator(key: str, check: Callable[[Any], Any]) -> None:
     if key not in SPECS or SPECS[key].kind is not dict:
         raise ValueError(f"DISPATCH[{key!r}] is not a dict setting")
     _VALIDATORS[key] = check
+    cached_settings.cache_clear()
 
 
 def _coerce(key: str, value: Any, spec: _Spec) -> Any:
@@ -374,6 +378,22 @@ def dispatch_settings(**overrides: Any) -> DispatchSettings:
     raw = dict(getattr(settings, "DISPATCH", {}) or {})
     raw.update({k: v for k, v in overrides.items() if v is not None})
     return validate(raw)
+
+
+@cache
+def cached_settings() -> DispatchSettings:
+    """``dispatch_settings()`` once per process for per-job paths (validating every key costs more than they do).
+
+    Forgotten when ``override_settings`` changes ``DISPATCH`` and when a validator is registered."""
+    return dispatch_settings()
+
+
+def _forget_cached(setting, **kwargs) -> None:
+    if setting == "DISPATCH":
+        cached_settings.cache_clear()
+
+
+setting_changed.connect(_forget_cached, dispatch_uid="dispatch_app.conf.cached_settings")
 
 
 assert {f.name for f in fields(DispatchSettings)} == set(SPECS)

@@ -21,11 +21,10 @@ import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache, partial
+from functools import partial
 from typing import Any, Protocol
 
 from django.core.exceptions import ValidationError
-from django.core.signals import setting_changed
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -33,7 +32,7 @@ import dispatch_app.payloads as payloads
 import dispatch_app.prepared as prepared
 import dispatch_app.store.jobs as job_rows
 import dispatch_app.tracing as tracing
-from dispatch_app.conf import dispatch_settings
+from dispatch_app.conf import cached_settings
 from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
 from dispatch_app.models import Job, JobStatus
 from dispatch_app.store.transitions import redispatch  # its old home; store.transitions owns it
@@ -123,20 +122,6 @@ def _validated(domain_key: Any, payload: Any, available_at: Any, max_bytes: int,
     return encoded
 
 
-@cache
-def _payload_max_bytes() -> int:
-    # Validating every DISPATCH setting on each submit cost more than the rest of the validation.
-    return dispatch_settings().PAYLOAD_MAX_BYTES
-
-
-def _forget_settings(setting, **kwargs) -> None:
-    if setting == "DISPATCH":
-        _payload_max_bytes.cache_clear()
-
-
-setting_changed.connect(_forget_settings)
-
-
 class WriterSend(Protocol):
     def ready(self) -> bool: ...
     def send(self, rows: list[tuple[int, int, int, str, str]]) -> int: ...
@@ -164,7 +149,7 @@ def submit(domain: str, payload: dict, *, available_at: datetime | timedelta | N
 
 def submit_many(specs: Iterable[JobSpec | tuple]) -> list[Job]:
     """The bulk variant: every spec is validated before anything is written."""
-    max_bytes = _payload_max_bytes()
+    max_bytes = cached_settings().PAYLOAD_MAX_BYTES
     if isinstance(specs, (str, bytes, dict, JobSpec)) or not isinstance(specs, Iterable):
         raise ValidationError(
             f"submit_many takes a list of job specs, got {type(specs).__name__}", code="malformed_spec"

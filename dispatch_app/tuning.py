@@ -81,6 +81,9 @@ RECOVERY_SPREAD_MAX = 10.0
 # due wake), so a short period is spread over fewer, fuller steps (a round of 25 every second: 7 steps of 4 jobs),
 # and every domain's steps fall on the same instants (one claim takes them all: at most 10 due wakes a second).
 RECOVERY_SPREAD_STEP = 0.1
+# While the pacer holds a domain's rounds out (new work slowed), an INFO line says so at the first such round and
+# then at most this often (s), with how many rounds it held out; the round that runs again says so once.
+PACED_OUT_REPORT_EVERY = 60.0
 
 # --- dispatch_app.recovery.pacing ------------------------------------------------------------------------------------
 # New work's commit -> start is read at this quantile unless told (RECOVERY_PACE_QUANTILE): the tail recovery

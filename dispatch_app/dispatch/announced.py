@@ -117,7 +117,7 @@ class SendAhead:
 
     def send(self, envelopes: list[Claimed]) -> tuple[int, int]:
         """Send now what was announced (not what this loop claimed already). Returns (sent, of which duplicates)."""
-        per_server: dict[str, list[Claimed]] = {}
+        unsent = []
         for envelope in envelopes:
             if self.recent.get(envelope.envelope_id) == envelope.attempt:
                 continue
@@ -127,13 +127,12 @@ class SendAhead:
                 self.publisher.check(envelope)
             except PermanentSendError:
                 continue  # the claim dead-letters it with the reason
-            server = self.publisher.server(envelope.queue)
-            # A paused or probing server gets nothing ahead of its breaker.
-            if self.breaker_for(server).state == CLOSED:
-                per_server.setdefault(server, []).append(envelope)
+            unsent.append(envelope)
         sends = duplicates = 0
         size = self.chunk_size
-        for server, ahead in per_server.items():
+        for server, ahead in self.publisher.group_by_server(unsent).items():
+            if self.breaker_for(server).state != CLOSED:
+                continue  # a paused or probing server gets nothing ahead of its breaker
             for start in range(0, len(ahead), size):
                 chunk = ahead[start : start + size]
                 at = time.monotonic()

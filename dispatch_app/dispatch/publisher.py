@@ -156,6 +156,13 @@ class Publisher:
             server = self._servers[queue] = "default" if self._fixed else redis_servers.queue_url(queue)
         return server
 
+    def group_by_server(self, envelopes: list[Claimed]) -> dict[str, list[Claimed]]:
+        """The envelopes per Redis server (``server``), in their order: one send per server."""
+        groups: dict[str, list[Claimed]] = {}
+        for envelope in envelopes:
+            groups.setdefault(self.server(envelope.queue), []).append(envelope)
+        return groups
+
     def servers(self) -> list[str]:
         """Every server a registered domain's queue lives on, the default one first."""
         if self._fixed:

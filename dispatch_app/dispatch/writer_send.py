@@ -20,32 +20,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import cache
-
-from django.core.signals import setting_changed
 
 import dispatch_app.failpoints as failpoints
-from dispatch_app.conf import dispatch_settings
+from dispatch_app.conf import cached_settings, dispatch_settings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.dispatch.publisher import Publisher
 from dispatch_app.store.claim import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
-
-
-@cache
-def _settings() -> tuple[bool, float]:
-    # Read per submit: validating every DISPATCH setting each time would cost more than the send.
-    conf = dispatch_settings()
-    return conf.SUBMIT_SENDS, conf.RECONNECT_BACKOFF_MAX
-
-
-def _forget_settings(setting, **kwargs) -> None:
-    if setting == "DISPATCH":
-        _settings.cache_clear()
-
-
-setting_changed.connect(_forget_settings)
 
 
 class WriterSend:
@@ -64,8 +46,7 @@ class WriterSend:
         self._paused_until = 0.0
 
     def ready(self) -> bool:
-        enabled, _ = _settings()
-        return enabled and self._clock() >= self._paused_until
+        return cached_settings().SUBMIT_SENDS and self._clock() >= self._paused_until
 
     def send(self, rows: list[tuple[int, int, int, str, str]]) -> int:
         """Send the committed envelopes; returns how many Redis created. Never raises."""
@@ -74,10 +55,7 @@ class WriterSend:
         failpoints.hit("kill_before_writer_send")  # committed, not sent (fault suite, scenario 48)
         try:
             publisher = self._get_publisher()
-            per_server: dict[str, list[Claimed]] = {}
-            for envelope in envelopes:
-                per_server.setdefault(publisher.server(envelope.queue), []).append(envelope)
-            for chunk in per_server.values():
+            for chunk in publisher.group_by_server(envelopes).values():
                 result = publisher.send(chunk)
                 created += result.sent
                 for envelope, exc in result.failed:
@@ -94,7 +72,7 @@ class WriterSend:
 
     def _failed(self, envelopes: list[Claimed], exc: BaseException) -> None:
         reason = outage_reason(exc)
-        _, backoff = _settings()
+        backoff = cached_settings().RECONNECT_BACKOFF_MAX
         if reason is not None:
             self._paused_until = self._clock() + backoff
         log.warning(

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dispatch_app.recovery import discovery
 from dispatch_app.recovery.round import Round, RoundResult, RoundSignals
 from dispatch_app.runtime.wake import STOP, TICK
+from dispatch_app.tuning import PACED_OUT_REPORT_EVERY
 
 log = logging.getLogger("dispatch_app.recovery")
 
@@ -54,6 +55,9 @@ class RecoveryLoop:
         self.busy = 0  # ticks skipped because another session ran this domain
         self.paced_out = 0  # ticks skipped because the pacer allowed no re-dispatch (a floor below a job per round)
         self.last: RoundResult | None = None
+        # The current run of paced-out rounds: how many, since when, last reported when (clock()).
+        self._held = 0
+        self._held_since = self._held_reported = 0.0
         self.waits: list[float] = []  # the pauses asked for, newest last (tests, debugging)
         # The first round comes after a share of the jitter only: a restarted
         # process recovers at once, but several processes do not start in step.
@@ -78,11 +82,43 @@ class RecoveryLoop:
         self.last = result
         if result.paced_out:
             self.paced_out += 1
-        elif result.ran:
+            self._report_held(result)
+            return result
+        if self._held:
+            self._report_resumed()
+        if result.ran:
             self.rounds += 1
         else:
             self.busy += 1
         return result
+
+    def _report_held(self, result: RoundResult) -> None:
+        # A paced-out round writes no round row: without this line an operator reads "no round for minutes".
+        now = self.clock()
+        if not self._held:
+            self._held_since = now
+        self._held += 1
+        first = self._held == 1
+        if not first and now - self._held_reported < PACED_OUT_REPORT_EVERY:
+            return
+        self._held_reported = now
+        log.info(
+            "%s: recovery held back, %s%s",
+            self.domain,
+            result.paced,
+            "" if first else f" ({self._held} rounds held out over {now - self._held_since:.0f} s so far)",
+            extra={"action": "recovery_paced_out", "domain": self.domain},
+        )
+
+    def _report_resumed(self) -> None:
+        log.info(
+            "%s: recovery resumed after %d round(s) held out over %.0f s",
+            self.domain,
+            self._held,
+            self.clock() - self._held_since,
+            extra={"action": "recovery_resumed", "domain": self.domain},
+        )
+        self._held = 0
 
     def _round(self) -> RoundResult:
         if self.pacer is None:
@@ -92,11 +128,5 @@ class RecoveryLoop:
         if pace.limit == 0 < self.policy.redispatch_cap and not discovery.stale_runs(self.policy):
             # New work is slowed and this round's floor is a fraction of a job: not even a look at the candidates
             # (a round's reads and record cost new work CPU too). A stale run is not paced (discover_paced).
-            log.debug(
-                "%s: round skipped, %s",
-                self.domain,
-                pace.describe(),
-                extra={"action": "recovery_paced_out", "domain": self.domain},
-            )
             return RoundResult(self.domain, ran=False, paced_out=True, has_more=True, paced=pace.describe())
         return self.round.run_once()

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 import dispatch_app.payloads as payloads
 import dispatch_app.tasks.declare as declare
 import dispatch_app.tasks.results as results
+from dispatch_app.conf import cached_settings
 from dispatch_app.tasks.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -76,14 +77,15 @@ class OutboxBackend(BaseTaskBackend):
         self._validated.add(task)
 
     def enqueue(self, task, args, kwargs) -> TaskResult:
-        from dispatch_app.outbox import _payload_max_bytes, submit
+        from dispatch_app.outbox import submit
 
         self._validate_once(task)
         where = f"Task {task.module_path} cannot be enqueued: "
         try:
             # Before the normalisation below, which recurses: a thousand-deep argument would be a RecursionError.
-            payloads.check_depth(args, f"{where}args", max_items=_payload_max_bytes())
-            payloads.check_depth(kwargs, f"{where}kwargs", max_items=_payload_max_bytes())
+            max_items = cached_settings().PAYLOAD_MAX_BYTES
+            payloads.check_depth(args, f"{where}args", max_items=max_items)
+            payloads.check_depth(kwargs, f"{where}kwargs", max_items=max_items)
         except ValidationError as exc:
             raise InvalidTaskArguments(exc.messages[0], exc.code) from None
         try:

@@ -268,3 +268,32 @@ def test_a_scheduled_job_waits_from_its_due_time_not_from_its_submit(redis_conn)
 
     # From the submit the scheduled ones would read 13 ms (13 ms); from the due time, 3 ms like the others.
     assert sample.count == 8 and sample.wait_ms == pytest.approx(3.0, abs=0.01)
+
+
+def test_rounds_held_out_are_logged_at_info_once_a_minute_and_the_round_that_runs_again_says_so(
+    redis_conn, provider, caplog
+):
+    submit("workflow", PAYLOADS["workflow"])
+    dispatch_now()
+    redis_conn.flushdb()  # a re-dispatch candidate
+    now = [0.0]
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    # A floor of 10 % of 25 per 300 s: about a job owed every 120 s, so the rounds are held out for over a minute.
+    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 200, every_second, slack_ms=0.5, floor_seconds=300)
+    caplog.set_level("INFO", logger="dispatch_app.recovery")
+
+    statuses_seen = []
+    while "ok" not in statuses_seen and len(statuses_seen) < 200:
+        statuses_seen.append(loop.run_once().status)
+        now[0] += 1.0
+
+    held = [r for r in caplog.records if getattr(r, "action", None) == "recovery_paced_out"]
+    resumed = [r.getMessage() for r in caplog.records if getattr(r, "action", None) == "recovery_resumed"]
+    rounds_held = statuses_seen.index("ok")
+    assert rounds_held > 60 and statuses_seen[:rounds_held] == ["paced out"] * rounds_held
+    # The first held round, then one line a minute, each at INFO; not one per round.
+    assert [r.levelname for r in held] == ["INFO"] * len(range(0, rounds_held, 60))
+    assert held[0].getMessage().startswith("workflow: recovery held back, paced to 0 (")
+    assert held[1].getMessage().endswith("(61 rounds held out over 60 s so far)")
+    assert resumed == [f"workflow: recovery resumed after {rounds_held} round(s) held out over {rounds_held} s"]
+    assert loop.rounds == 1 and loop.paced_out == rounds_held
