@@ -93,8 +93,11 @@ QUANTILE = 0.99
 MIN_SAMPLES = 20
 # A look serves every loop of the process this long.
 SAMPLE_SECONDS = 1.0
-# The baseline rises this much per look, so a lasting heavier load stops reading as congestion.
-BASELINE_DRIFT = 0.01
+# The baseline rises this much per look, so a lasting heavier load stops reading as congestion (a wait 1.3x the
+# quietest within about two minutes at a look a second). 1 % per look forgot a storm's slowdown within 30 s, and a
+# round per second at 200/s then re-dispatched 64 jobs a minute per domain against 23 (docs/benchmarks.md, "A
+# quietest wait that rises slower").
+BASELINE_DRIFT = 0.002
 # Without congestion the share grows back by this much of the cap per second (floor to whole in ~18 s),
 # whatever the loop's period: a round per second must not ramp back faster than the window can show
 # what the last increase did, and a round per 30 s is back at its cap at once.

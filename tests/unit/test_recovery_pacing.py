@@ -5,6 +5,9 @@ from __future__ import annotations
 from django.db import OperationalError
 
 from dispatch_app.recovery.pacing import GROWTH_PER_SECOND, MIN_SAMPLES, Pacer, Sample
+from dispatch_app.tuning import BASELINE_DRIFT
+
+DRIFT = 1 + BASELINE_DRIFT  # the quietest wait's rise per look
 
 
 class Looks:
@@ -56,9 +59,9 @@ def test_slowed_new_work_halves_each_round_down_to_the_floor_then_grows_back_by_
 
 def test_the_bound_is_tolerance_times_the_quietest_plus_slack():
     clock = Clock()
-    # The quietest drifts up 1 % per look before it is compared.
-    at_bound = 10.0 * 1.01 * 1.25 + 2.0
-    above_bound = 10.0 * 1.01**2 * 1.25 + 2.0 + 0.01
+    # The quietest drifts up BASELINE_DRIFT per look before it is compared.
+    at_bound = 10.0 * DRIFT * 1.25 + 2.0
+    above_bound = 10.0 * DRIFT**2 * 1.25 + 2.0 + 0.01
     p = pacer(Looks(10.0, at_bound, above_bound), clock)
     judged = []
     for _ in range(3):
@@ -201,11 +204,25 @@ def test_new_work_appearing_beside_a_storm_drops_every_domain_to_its_floor_befor
     assert [a.limit for a in limits] == [20, 2, 2, 2, 3, 4, 5]
     assert [a.probing for a in limits] == [False, True, True, True, False, False, False]
     assert "at the floor while new work's quietest start wait is measured" in limits[1].describe()
-    assert p.baseline_ms == 4.0 * 1.01  # the quiet look's 4.0, drifted up once by the last look (6.0)
+    assert p.baseline_ms == 4.0 * DRIFT  # the quiet look's 4.0, drifted up once by the last look (6.0)
     # Without the probe the storm's own wait became the quietest, and the storm went on at its cap.
     clock = Clock()
     unprobed = pacer(Looks(*waits), clock)
-    assert rounds(unprobed, clock, "d", 20, len(waits)) == [20] * len(waits) and unprobed.baseline_ms == 4.0 * 1.01
+    assert rounds(unprobed, clock, "d", 20, len(waits)) == [20] * len(waits) and unprobed.baseline_ms == 4.0 * DRIFT
     from dispatch_app.conf import validate
 
     assert Pacer.from_settings(validate({"RECOVERY_PACE_WINDOW": 10})).probe_seconds == 12.0
+
+
+def test_a_load_heavier_for_good_stops_reading_as_congestion_within_minutes_not_seconds():
+    clock = Clock()
+    # Quiet at 4 ms, then new work's wait 1.5x that for good (a heavier load, not recovery's doing).
+    p = pacer(Looks(4.0, *[6.0] * 400), clock, tolerance=1.1, slack_ms=0.25)
+    judged = []
+    for _ in range(401):
+        judged.append(p.allowance("d", 20).congested)
+        clock.now += 1.0
+    first_quiet = judged.index(False, 1)
+    # Read as congestion (recovery at its floor) for more than a minute, so a storm that raises new work's tail
+    # is not taken for the new normal within one pacing window; and no longer once the quietest has caught up.
+    assert 60 < first_quiet < 300 and not any(judged[first_quiet:])
