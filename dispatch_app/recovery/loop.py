@@ -55,9 +55,11 @@ class RecoveryLoop:
         self.busy = 0  # ticks skipped because another session ran this domain
         self.paced_out = 0  # ticks skipped because the pacer allowed no re-dispatch (a floor below a job per round)
         self.last: RoundResult | None = None
-        # The current run of paced-out rounds: how many, since when, last reported when (clock()).
+        # The current run of paced-out rounds: how many, since when, whether it was reported; the last report (clock()).
         self._held = 0
-        self._held_since = self._held_reported = 0.0
+        self._held_since = 0.0
+        self._held_reported: float | None = None
+        self._held_told = False
         self.waits: list[float] = []  # the pauses asked for, newest last (tests, debugging)
         # The first round comes after a share of the jitter only: a restarted
         # process recovers at once, but several processes do not start in step.
@@ -93,32 +95,36 @@ class RecoveryLoop:
         return result
 
     def _report_held(self, result: RoundResult) -> None:
-        # A paced-out round writes no round row: without this line an operator reads "no round for minutes".
+        # A paced-out round writes no round row: without this line an operator reads "no round for minutes". At
+        # most one a minute, across runs of held rounds too: a round per second at its floor is held out eleven
+        # rounds in twelve, and a line pair per run would be noise.
         now = self.clock()
         if not self._held:
             self._held_since = now
         self._held += 1
-        first = self._held == 1
-        if not first and now - self._held_reported < PACED_OUT_REPORT_EVERY:
+        if self._held_reported is not None and now - self._held_reported < PACED_OUT_REPORT_EVERY:
             return
         self._held_reported = now
+        self._held_told = True
         log.info(
             "%s: recovery held back, %s%s",
             self.domain,
             result.paced,
-            "" if first else f" ({self._held} rounds held out over {now - self._held_since:.0f} s so far)",
+            f" ({self._held} rounds held out over {now - self._held_since:.0f} s so far)" if self._held > 1 else "",
             extra={"action": "recovery_paced_out", "domain": self.domain},
         )
 
     def _report_resumed(self) -> None:
-        log.info(
-            "%s: recovery resumed after %d round(s) held out over %.0f s",
-            self.domain,
-            self._held,
-            self.clock() - self._held_since,
-            extra={"action": "recovery_resumed", "domain": self.domain},
-        )
+        if self._held_told:  # a run of held rounds nobody was told of ends silently too
+            log.info(
+                "%s: recovery resumed after %d round(s) held out over %.0f s",
+                self.domain,
+                self._held,
+                self.clock() - self._held_since,
+                extra={"action": "recovery_resumed", "domain": self.domain},
+            )
         self._held = 0
+        self._held_told = False
 
     def _round(self) -> RoundResult:
         if self.pacer is None:

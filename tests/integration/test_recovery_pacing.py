@@ -297,3 +297,28 @@ def test_rounds_held_out_are_logged_at_info_once_a_minute_and_the_round_that_run
     assert held[1].getMessage().endswith("(61 rounds held out over 60 s so far)")
     assert resumed == [f"workflow: recovery resumed after {rounds_held} round(s) held out over {rounds_held} s"]
     assert loop.rounds == 1 and loop.paced_out == rounds_held
+
+
+def test_short_runs_of_held_rounds_are_told_once_a_minute_not_once_a_run(redis_conn, provider, caplog):
+    jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(8)]
+    dispatch_now()
+    redis_conn.flushdb()  # re-dispatch candidates
+    now = [0.0]
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    # A floor of a job per 12 rounds, new work slowed throughout: runs of 11 held rounds.
+    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 100, every_second, slack_ms=0.5, floor_seconds=30)
+    caplog.set_level("INFO", logger="dispatch_app.recovery")
+
+    statuses_seen = []
+    for _ in range(90):
+        statuses_seen.append(loop.run_once().status)
+        now[0] += 1.0
+
+    told = ("recovery_paced_out", "recovery_resumed")
+    actions = [a for r in caplog.records if (a := getattr(r, "action", "")) in told]
+    held_runs = "".join("h" if s == "paced out" else "r" for s in statuses_seen).split("r")
+    assert statuses_seen.count("ok") == loop.rounds >= 6 and len([run for run in held_runs if run]) >= 6
+    # Six runs of held rounds or more in 90 s: told at the first (and its end), then only the first run that
+    # starts a minute or more after that report (and its end).
+    assert actions == ["recovery_paced_out", "recovery_resumed"] * 2
+    assert JobEvent.objects.filter(kind="recovery_redispatch", job_id__in=[j.pk for j in jobs]).count() == loop.rounds
