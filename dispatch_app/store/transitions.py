@@ -92,9 +92,9 @@ DEAD_LETTER_CTE = f"""UPDATE {JOB} j
 START_SQL = f"""
 WITH started AS (
     UPDATE {JOB} j
-    SET status = 'running', started_at = clock_timestamp(),
-        dispatched_at = COALESCE(j.dispatched_at, clock_timestamp()), updated_at = clock_timestamp()
-    FROM (SELECT set_config('productflow.worker', %s, true)) AS w
+    SET status = 'running', started_at = w.now, dispatched_at = COALESCE(j.dispatched_at, w.now), updated_at = w.now
+    -- One reading of the clock: two could put an unmarked job's dispatch a microsecond after its start.
+    FROM (SELECT set_config('productflow.worker', %s, true), clock_timestamp() AS now) AS w
     WHERE j.id = %s AND j.attempt = %s AND j.status IN ('submitted', 'queued')
       AND j.domain = ANY(COALESCE(%s::text[], ARRAY[j.domain]))
       AND j.domain NOT IN (SELECT domain FROM dispatch_app_domainpause)
