@@ -87,7 +87,7 @@ class RecoveryLoop:
             self._report_held(result)
             return result
         if self._held:
-            self._report_resumed()
+            self._report_resumed(result)
         if result.ran:
             self.rounds += 1
         else:
@@ -114,11 +114,15 @@ class RecoveryLoop:
             extra={"action": "recovery_paced_out", "domain": self.domain},
         )
 
-    def _report_resumed(self) -> None:
+    def _report_resumed(self, result: RoundResult) -> None:
         if self._held_told:  # a run of held rounds nobody was told of ends silently too
+            # A busy round: this process's pacer let go, but the round was another session's (recover --once, a
+            # second dispatcher), so "resumed" would claim a round this process did not run.
+            how = "resumed" if result.ran else "no longer held back here (this round ran in another session)"
             log.info(
-                "%s: recovery resumed after %d round(s) held out over %.0f s",
+                "%s: recovery %s after %d round(s) held out over %.0f s",
                 self.domain,
+                how,
                 self._held,
                 self.clock() - self._held_since,
                 extra={"action": "recovery_resumed", "domain": self.domain},

@@ -14,6 +14,7 @@ from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.models import JobEvent, RecoveryRound
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.pacing import MIN_SAMPLES, QUANTILE, Pacer, Sample, measure_wait
+from dispatch_app.recovery.round import LOCK_NAMESPACE
 from dispatch_app.runtime.assembly import add_recovery_loops
 from dispatch_app.runtime.supervisor import Supervisor
 from tests.factories import PAYLOADS
@@ -21,6 +22,7 @@ from tests.integration import provider_kit
 from tests.integration.recovery_helpers import (
     dispatch_now,
     mark_rq_started,
+    other_connection,
     policy,
     start_like_a_worker,
     statuses,
@@ -297,6 +299,34 @@ def test_rounds_held_out_are_logged_at_info_once_a_minute_and_the_round_that_run
     assert held[1].getMessage().endswith("(61 rounds held out over 60 s so far)")
     assert resumed == [f"workflow: recovery resumed after {rounds_held} round(s) held out over {rounds_held} s"]
     assert loop.rounds == 1 and loop.paced_out == rounds_held
+
+
+def test_a_held_run_that_ends_on_another_sessions_round_does_not_say_this_process_resumed(redis_conn, provider, caplog):
+    submit("workflow", PAYLOADS["workflow"])
+    dispatch_now()
+    redis_conn.flushdb()  # a re-dispatch candidate
+    now = [0.0]
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    # New work slowed throughout, a floor of a job per 12 rounds: runs of held rounds, each ended by a round owed a job.
+    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 300, every_second, slack_ms=0.5, floor_seconds=30)
+    caplog.set_level("INFO", logger="dispatch_app.recovery")
+    while loop.run_once().status == "paced out" or not loop.paced_out:
+        now[0] += 1.0
+        assert now[0] < 100, "the pacer never held a round out"
+    assert loop.rounds == 1  # the first told run ended on a round this process ran
+    now[0] += 60.0  # the next run is told again (at most once a minute)
+    with other_connection() as other:
+        other.execute("SELECT pg_advisory_lock(%s, hashtext('workflow'))", [LOCK_NAMESPACE])
+        statuses_seen = []
+        while "paced out" not in statuses_seen or statuses_seen[-1] == "paced out":
+            statuses_seen.append(loop.run_once().status)
+            now[0] += 1.0
+            assert len(statuses_seen) < 100, statuses_seen
+
+    resumed = [r.getMessage() for r in caplog.records if getattr(r, "action", None) == "recovery_resumed"]
+    assert statuses_seen[-1] == "busy" and loop.rounds == 1
+    assert len(resumed) == 2 and resumed[0].startswith("workflow: recovery resumed after ")
+    assert resumed[1].startswith("workflow: recovery no longer held back here (this round ran in another session)")
 
 
 def test_short_runs_of_held_rounds_are_told_once_a_minute_not_once_a_run(redis_conn, provider, caplog):
