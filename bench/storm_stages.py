@@ -4,7 +4,10 @@ Per new delivery job (first attempt): its envelope's creation -> its send (the d
 ``dispatched_at`` is dated at the send) and the send -> its attempt's start (Redis and the worker). Per recovered
 attempt (attempt > 1) that started in the window: its run time, per domain. And the slowest 1 % of new jobs by
 creation -> start against the rest: the share that had another domain's recovered attempt running at some point of
-their wait, and the share that had a recovered delivery attempt start on their worker after their send.
+their wait, and the share that had a recovered delivery attempt start on their worker after their send. When the
+slowest 1 % were committed (seconds after the first new job: first, median, last, and how many distinct seconds),
+so a tail bunched in a few seconds reads apart from one spread over the run; and the tables PostgreSQL's autovacuum
+vacuumed or analyzed during the window (a backlog seeded just before the run is due for both).
 """
 
 from __future__ import annotations
@@ -42,6 +45,18 @@ BESIDE_SQL = f"""
                         AND d.started_at BETWEEN r.sent AND r.started))::int) * 100
     FROM ranked r GROUP BY 1"""
 
+WHEN_SQL = f"""
+    WITH new AS ({NEW_SQL}),
+    ranked AS (SELECT *, ntile(100) OVER (ORDER BY started - created DESC) AS hundredth,
+                      extract(epoch FROM created - min(created) OVER ()) AS at FROM new)
+    SELECT min(at), percentile_cont(0.5) WITHIN GROUP (ORDER BY at), max(at), count(DISTINCT floor(at))
+    FROM ranked WHERE hundredth = 1"""
+
+AUTOVACUUM_SQL = """
+    SELECT count(*) FILTER (WHERE last_autovacuum BETWEEN to_timestamp(%(t0)s) AND to_timestamp(%(t1)s)),
+           count(*) FILTER (WHERE last_autoanalyze BETWEEN to_timestamp(%(t0)s) AND to_timestamp(%(t1)s))
+    FROM pg_stat_user_tables WHERE relname LIKE 'dispatch_app_%%'"""
+
 
 def stage_split(job_ids: list[int], t0: float, t1: float) -> dict[str, float | int | None]:
     """Flat metrics of the split for new jobs ``job_ids`` and recovered attempts started between wall times t0, t1."""
@@ -66,4 +81,10 @@ def stage_split(job_ids: list[int], t0: float, t1: float) -> dict[str, float | i
             out[f"{group}_new_jobs"] = count
             out[f"{group}_other_recovered_running_pct"] = float(other_pct)
             out[f"{group}_recovered_delivery_ahead_pct"] = float(delivery_pct)
+        cursor.execute(WHEN_SQL, params)
+        first, median, last, seconds = cursor.fetchone()
+        out.update(slowest_1pct_first_s=first, slowest_1pct_median_s=median, slowest_1pct_last_s=last)
+        out["slowest_1pct_distinct_seconds"] = seconds
+        cursor.execute(AUTOVACUUM_SQL, params)
+        out["autovacuumed_tables"], out["autoanalyzed_tables"] = cursor.fetchone()
     return out
