@@ -272,16 +272,22 @@ def test_a_scheduled_job_waits_from_its_due_time_not_from_its_submit(redis_conn)
     assert sample.count == 8 and sample.wait_ms == pytest.approx(3.0, abs=0.01)
 
 
+def held_out_loop(redis_conn, provider, now: list[float], *, candidates: int, floor_seconds: float, looks: int):
+    """A round per second over ``candidates`` workflow jobs Redis lost, new work slowed after its first look."""
+    jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(candidates)]
+    dispatch_now()
+    redis_conn.flushdb()  # re-dispatch candidates
+    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
+    waits = [4.0] + [40.0] * looks
+    return jobs, paced_loop(redis_conn, provider, now, waits, every_second, slack_ms=0.5, floor_seconds=floor_seconds)
+
+
 def test_rounds_held_out_are_logged_at_info_once_a_minute_and_the_round_that_runs_again_says_so(
     redis_conn, provider, caplog
 ):
-    submit("workflow", PAYLOADS["workflow"])
-    dispatch_now()
-    redis_conn.flushdb()  # a re-dispatch candidate
     now = [0.0]
-    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
     # A floor of 10 % of 25 per 300 s: about a job owed every 120 s, so the rounds are held out for over a minute.
-    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 200, every_second, slack_ms=0.5, floor_seconds=300)
+    _, loop = held_out_loop(redis_conn, provider, now, candidates=1, floor_seconds=300, looks=200)
     caplog.set_level("INFO", logger="dispatch_app.recovery")
 
     statuses_seen = []
@@ -302,13 +308,9 @@ def test_rounds_held_out_are_logged_at_info_once_a_minute_and_the_round_that_run
 
 
 def test_a_held_run_that_ends_on_another_sessions_round_does_not_say_this_process_resumed(redis_conn, provider, caplog):
-    submit("workflow", PAYLOADS["workflow"])
-    dispatch_now()
-    redis_conn.flushdb()  # a re-dispatch candidate
     now = [0.0]
-    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
     # New work slowed throughout, a floor of a job per 12 rounds: runs of held rounds, each ended by a round owed a job.
-    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 300, every_second, slack_ms=0.5, floor_seconds=30)
+    _, loop = held_out_loop(redis_conn, provider, now, candidates=1, floor_seconds=30, looks=300)
     caplog.set_level("INFO", logger="dispatch_app.recovery")
     while loop.run_once().status == "paced out" or not loop.paced_out:
         now[0] += 1.0
@@ -330,13 +332,9 @@ def test_a_held_run_that_ends_on_another_sessions_round_does_not_say_this_proces
 
 
 def test_short_runs_of_held_rounds_are_told_once_a_minute_not_once_a_run(redis_conn, provider, caplog):
-    jobs = [submit("workflow", PAYLOADS["workflow"]) for _ in range(8)]
-    dispatch_now()
-    redis_conn.flushdb()  # re-dispatch candidates
     now = [0.0]
-    every_second = policy("workflow", PERIOD_SECONDS=1.0, JITTER_SECONDS=0.0, MAX_REDISPATCHES_PER_ROUND=25)
     # A floor of a job per 12 rounds, new work slowed throughout: runs of 11 held rounds.
-    loop = paced_loop(redis_conn, provider, now, [4.0] + [40.0] * 100, every_second, slack_ms=0.5, floor_seconds=30)
+    jobs, loop = held_out_loop(redis_conn, provider, now, candidates=8, floor_seconds=30, looks=100)
     caplog.set_level("INFO", logger="dispatch_app.recovery")
 
     statuses_seen = []
