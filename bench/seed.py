@@ -33,7 +33,7 @@ def seed_pending(count: int, *, domains: list[str] | None = None, envelope_statu
                 INSERT INTO dispatch_app_job (domain, status, attempt, payload, error, vendor_request_id,
                                               submitted_at, updated_at, dispatched_at)
                 SELECT (%(keys)s::text[])[1 + g %% %(n)s], %(job_status)s, 1,
-                       '{{"workflow_id": "bench", "steps": ["a"]}}'::jsonb, '', '',
+                       (%(payloads)s::jsonb[])[1 + g %% %(n)s], '', '',
                        clock_timestamp(), clock_timestamp(), {dispatched}
                 FROM generate_series(0, %(count)s - 1) g
                 RETURNING id, domain
@@ -48,6 +48,8 @@ def seed_pending(count: int, *, domains: list[str] | None = None, envelope_statu
             {
                 "keys": keys,
                 "queues": queues,
+                # Each domain's own valid payload: a worker that runs these jobs runs the work, not a refusal.
+                "payloads": [json.dumps(_payload(k)) for k in keys],
                 "n": len(keys),
                 "count": count,
                 "job_status": job_status,

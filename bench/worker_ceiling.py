@@ -68,15 +68,20 @@ def _finished_count(first: int, last: int) -> int:
 
 
 def _db_span(first: int, last: int) -> float:
+    """The drain's span; refused unless every job succeeded (a refused payload is a cheaper path than the work)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dispatch_app_job "
-            "WHERE id BETWEEN %s AND %s",
+            "SELECT extract(epoch FROM max(finished_at) - min(started_at)), "
+            "count(*) FILTER (WHERE status <> 'succeeded'), min(error) FILTER (WHERE status <> 'succeeded') "
+            "FROM dispatch_app_job WHERE id BETWEEN %s AND %s",
             [first, last],
         )
-        return float(cursor.fetchone()[0])
+        span, unsucceeded, error = cursor.fetchone()
+    if unsucceeded:
+        raise RuntimeError(f"{unsucceeded} of {last - first + 1} jobs did not succeed, e.g. {error[:200]!r}")
+    return float(span)
 
 
 def _rq_span(redis, ids: list[str]) -> float:
