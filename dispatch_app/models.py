@@ -191,7 +191,8 @@ class NotifyArm(models.Model):
 class JobEvent(models.Model):
     """A job's history beyond its timestamps: send failures, recovery decisions, operator actions."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: jobevent_job_at (job, at) serves every lookup by job (migration 0019).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     at = models.DateTimeField(db_default=ClockTimestamp())
     attempt = models.PositiveIntegerField()
     kind = models.CharField(max_length=40)
@@ -223,7 +224,8 @@ class VendorCall(models.Model):
     so a retry finds what an earlier attempt already did and resumes after it.
     """
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="vendor_calls")
+    # No index of its own: vendorcall_job_seq (job, seq, id) serves every lookup by job (migration 0019).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="vendor_calls", db_index=False)
     attempt = models.PositiveIntegerField()
     seq = models.PositiveIntegerField()
     purpose = models.CharField(max_length=200)
@@ -307,7 +309,8 @@ class DispatcherProcess(models.Model):
 
 
 class LoopHeartbeat(models.Model):
-    process = models.ForeignKey(DispatcherProcess, on_delete=models.CASCADE, related_name="loops")
+    # No index of its own: the unique (process, loop) serves every lookup by process (migration 0019).
+    process = models.ForeignKey(DispatcherProcess, on_delete=models.CASCADE, related_name="loops", db_index=False)
     loop = models.CharField(max_length=64)
     last_tick_at = models.DateTimeField(null=True, blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
