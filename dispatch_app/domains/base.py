@@ -85,7 +85,7 @@ class RecoveryPolicy:
         """What the next attempt does about a vendor call an interrupted attempt left in doubt.
 
         The one place this is decided: the worker (``worker._provider_failed``), the
-        ledger (``vendor_calls.Ledger``) and recovery (``recovery.decide``) all ask it.
+        ledger (``worker.ledger.Ledger``) and recovery (``recovery.decide``) all ask it.
         ``askable``: the call has a request id the vendor keeps a record of.
 
         - ``RERUN``: the domain (or task queue) is retry-safe: the call is made again;

@@ -35,6 +35,7 @@ from django.db import connection, transaction
 
 import dispatch_app.lanes as lanes
 import dispatch_app.store.events as events
+import dispatch_app.store.vendor_calls as vendor_calls
 from dispatch_app.domains import get_domain
 from dispatch_app.store.envelope_builder import fresh_insert, fresh_params
 from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
@@ -154,6 +155,17 @@ SET status = %s, finished_at = clock_timestamp(), result = %s, error = %s, updat
 WHERE id = %s AND attempt = %s AND status = 'running'
 """
 
+# The same finish carrying the outcome of the attempt's last vendor call, which succeeded (store.vendor_calls
+# .SETTLED_CTE): one statement and one commit where a settle and a finish took two. The call's outcome is written
+# whether or not the finish applies (a job recovered meanwhile): the call took effect either way.
+FINISH_SETTLING_SQL = f"""
+WITH {vendor_calls.SETTLED_CTE}
+UPDATE {JOB}
+SET status = %(status)s, finished_at = clock_timestamp(), result = %(result)s, error = %(error)s,
+    updated_at = clock_timestamp()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+"""
+
 # <status recovery saw> -> outcome_unknown | failed: recovery's verdict on an interrupted attempt.
 CONCLUDE_SQL = f"""
 UPDATE {JOB} SET status = %s, finished_at = clock_timestamp(), error = %s
@@ -254,14 +266,19 @@ def withdraw_start(job_id: int, attempt: int, started_at, reason: str) -> bool:
     return True
 
 
-def finish(cursor, job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
+def finish(cursor, job_id: int, attempt: int, status: str, result: Any = None, error: str = "", settled=None) -> bool:
     """running -> ``status``; False when this attempt is no longer running (recovered, cancelled, finished).
 
-    ``result``: an adapted value (psycopg ``Jsonb``) or None.
+    ``result``: an adapted value (psycopg ``Jsonb``) or None. ``settled``: (call id, result) of the attempt's last
+    vendor call, which succeeded and whose outcome this statement writes (FINISH_SETTLING_SQL), or None.
     """
     if status not in FINISHED_BY_WORKER:
         raise IllegalTransition(f"a worker finishes a job as one of {', '.join(FINISHED_BY_WORKER)}, not {status!r}")
-    cursor.execute(FINISH_SQL, [status, result, error, job_id, attempt])
+    if settled is None:
+        cursor.execute(FINISH_SQL, [status, result, error, job_id, attempt])
+    else:
+        params = {"status": status, "result": result, "error": error, "id": job_id, "attempt": attempt}
+        cursor.execute(FINISH_SETTLING_SQL, {**params, **vendor_calls.settled_params(settled)})
     return cursor.rowcount == 1
 
 

@@ -1,43 +1,29 @@
-"""The vendor-call ledger: every vendor call of a job is recorded before it is made and settled after.
+"""The vendor-call ledger's rows: every vendor call of a job is recorded before it is made and settled after.
 
-A ``ProviderError`` says the *failing* call took no effect; the calls before it
-in the same attempt did. So a retry must not start the work from the top: it
-walks the same calls in the same order (``seq``, the call's position in the
-domain's work) and, per call, reads the ledger first:
-
-- ``succeeded``: the call took effect; its recorded result is returned and the
-  vendor is not called again;
-- ``failed``: it took no effect; it is made again (a new request id);
-- ``pending``/``unknown``: in doubt (the worker died mid-call, or the call timed
-  out). The domain's policy decides (``RecoveryPolicy.in_doubt``): a retry-safe
-  domain makes the call again; a vendor that keeps request records
-  (``verifiable``) is asked, and its answer settles the call; otherwise the work
-  stops with ``VendorCallInDoubt`` and recovery decides (``recovery.decide``),
-  within the domain's ``VENDOR_EVIDENCE_TRUST_SECONDS``.
+The attempt's walk through them (resume, re-make, ask, stop) is ``dispatch_app.worker.ledger``.
 
 Each record is committed on its own (autocommit, outside any transaction), so
 it survives the worker dying a moment later. A success's outcome rides with the
-attempt's next write (the next call's record, ``RECORD_SETTLING_SQL``), or is
-written right before the job's finish without waiting for its WAL flush
-(``SETTLE_SUCCEEDED_SQL``): one commit per call instead of two. A worker that
-dies between a call's answer and that write leaves the call "pending", as one
-dying between the answer and a settle of its own did. Recording is fenced on the
-attempt: an attempt that recovery has moved on makes no more calls.
+attempt's next write (``SETTLED_CTE``): the next call's record
+(``RECORD_SETTLING_SQL``) or, for the last call of work that succeeded, the job's
+finish (``store.transitions.finish``): one commit per call instead of two, and
+none of its own for the last. A worker that dies between a call's answer and that
+write leaves the call "pending", as one dying between the answer and a settle of
+its own did. Recording is fenced on the attempt: an attempt that recovery has
+moved on makes no more calls.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import connection
 
 from dispatch_app.dbretry import on_fresh_connections
-from dispatch_app.domains.base import CONCLUDE, RERUN, RecoveryPolicy
-from dispatch_app.providers import ProviderError, ProviderTimeout, call_with_timeout
+from dispatch_app.providers import ProviderError
 from dispatch_app.store.tables import JOB, VENDOR_CALL
 
 log = logging.getLogger("dispatch_app.vendor_calls")
@@ -61,13 +47,13 @@ FROM j
 RETURNING id
 """
 
-# The same record, carrying the outcome of the attempt's previous call (succeeded) in the same statement:
-# one commit per call instead of a record and a settle. That outcome's finished_at is when it was written.
-RECORD_SETTLING_SQL = f"""
-WITH settled AS (
+# The outcome of the attempt's previous call (succeeded), carried by its next write: one commit per call instead
+# of a record and a settle. That outcome's finished_at is when it was written.
+SETTLED_CTE = f"""settled AS (
     UPDATE {TABLE} SET status = 'succeeded', result = %(settled_result)s, error = '', finished_at = clock_timestamp()
     WHERE id = %(settled_id)s AND status IN ('pending', 'unknown')
-), """ + RECORD_SQL.strip().removeprefix("WITH ")
+)"""
+RECORD_SETTLING_SQL = f"WITH {SETTLED_CTE}, " + RECORD_SQL.strip().removeprefix("WITH ")
 
 RECORDED_SQL = f"""
 SELECT id FROM {TABLE} WHERE job_id = %(job)s AND seq = %(seq)s AND request_id = %(request_id)s
@@ -171,13 +157,11 @@ def record(
     succeeded and whose outcome is written by this statement. It is written
     even when the attempt has moved on (``AttemptSuperseded``): it took effect.
     """
-    from psycopg.types.json import Jsonb
-
     params = {"job": job_id, "attempt": attempt, "seq": seq, "purpose": purpose[:200], "request_id": request_id}
     sql = RECORD_SQL
     if settled is not None:
         sql = RECORD_SETTLING_SQL
-        params.update(settled_id=settled[0], settled_result=Jsonb(settled[1]) if settled[1] is not None else None)
+        params.update(settled_params(settled))
 
     def run(cursor, retry: bool):
         if retry:
@@ -250,151 +234,13 @@ def settle_in_doubt(cursor, call_id: int, status: str, note: str) -> bool:
     return cursor.rowcount == 1
 
 
+def settled_params(settled: tuple[int, Any]) -> dict:
+    """``SETTLED_CTE``'s parameters for a succeeded call's (id, result)."""
+    from psycopg.types.json import Jsonb
+
+    return {"settled_id": settled[0], "settled_result": Jsonb(settled[1]) if settled[1] is not None else None}
+
+
 def confirmed_result(call: Call) -> dict:
     """What a retry gets for a call the vendor confirmed but whose own result was never recorded."""
     return {"request_id": call.request_id, "confirmed_by_vendor": True}
-
-
-class Ledger:
-    """One attempt's walk through its calls (``WorkContext.call_vendor``)."""
-
-    # Without a domain's policy, a call's own ``verifiable`` decides: asked if it is, outcome_unknown if not.
-    ASK_WHEN_VERIFIABLE = RecoveryPolicy(uses_vendor_request_id=True)
-
-    def __init__(self, job_id: int, attempt: int, provider, policy: RecoveryPolicy | None = None):
-        self.job_id = job_id
-        self.attempt = attempt
-        self.provider = provider
-        self.policy = policy if policy is not None else self.ASK_WHEN_VERIFIABLE
-        self.next_seq = 0
-        # A first attempt has nothing to resume (no attempt before it recorded anything): no query.
-        self._prior: dict[int, Call] | None = {} if attempt == 1 else None
-        # (call id, result) of a call that succeeded and whose outcome rides with the attempt's next
-        # write: the next call's record, or ``write_outcome`` (the worker's, before the finish).
-        self._unwritten: tuple[int, Any] | None = None
-
-    def _earlier(self, seq: int) -> Call | None:
-        if self._prior is None:
-            self._prior = latest_calls(self.job_id)  # one query, before the attempt's first call
-        return self._prior.get(seq)
-
-    def _timeout(self) -> float:
-        timeout = float(getattr(self.provider, "timeout", 30.0))
-        # The provider raises ProviderTimeout itself at `timeout`; this guard only catches one that does not.
-        return timeout + max(1.0, timeout * 0.1)
-
-    def write_outcome(self, *, quiet: bool = False) -> None:
-        """Write the outcome still riding (a succeeded call's), on its own: the work ended or broke.
-
-        ``quiet``: on the way out of an exception, a database error is logged, not raised over it;
-        the call then reads "pending" (in doubt), as if the worker had died right after it.
-        """
-        if self._unwritten is None:
-            return
-        call_id, result = self._unwritten
-        self._unwritten = None
-        try:
-            settle(call_id, SUCCEEDED, result=result)
-        except DatabaseError as exc:
-            if not quiet:
-                raise
-            log.warning(
-                "job %s: the outcome of vendor call %s (succeeded) could not be saved: %s",
-                self.job_id,
-                call_id,
-                exc,
-                extra={"action": "vendor_outcome_unsaved", "domain": "worker"},
-            )
-
-    def call(self, purpose: str, fn: Callable[[str], Any], *, verifiable: bool) -> Any:
-        try:
-            return self._call(purpose, fn, verifiable)
-        except BaseException:
-            self.write_outcome(quiet=True)
-            raise
-
-    def _call(self, purpose: str, fn: Callable[[str], Any], verifiable: bool) -> Any:
-        seq = self.next_seq
-        self.next_seq += 1
-        earlier = self._earlier(seq)
-        if earlier is not None:
-            if earlier.purpose != purpose[:200]:
-                raise RuntimeError(
-                    f"job {self.job_id}: vendor call {seq} was {earlier.purpose!r} in attempt {earlier.attempt}, "
-                    f"now {purpose!r}; the work must make its calls in the same order every attempt"
-                )
-            if earlier.status == SUCCEEDED:
-                # Settled by recovery on the vendor's word: the vendor's answer is all there is.
-                return earlier.result if earlier.result is not None else confirmed_result(earlier)
-            if earlier.status in UNSETTLED:
-                resumed = self._settle_earlier(earlier, verifiable)
-                if resumed is not None:
-                    return resumed
-        request_id = self.provider.new_request_id()
-        riding, self._unwritten = self._unwritten, None
-        try:
-            call_id = record(self.job_id, self.attempt, seq, purpose, request_id, settled=riding)
-        except AttemptSuperseded:
-            raise  # the statement ran: the outcome it carried is written
-        except BaseException:
-            self._unwritten = riding  # not written: call() writes it on the way out
-            raise
-        try:
-            result = call_with_timeout(lambda: fn(request_id), self._timeout(), f"{purpose} ({request_id})")
-        except VendorCallInDoubt:
-            raise
-        except ProviderError as exc:
-            settle(call_id, FAILED, error=f"{type(exc).__name__}: {exc}")
-            raise
-        except ProviderTimeout as exc:
-            settle(call_id, UNKNOWN, error=f"{type(exc).__name__}: {exc}")
-            call = Call(call_id, self.attempt, seq, purpose, request_id, UNKNOWN, None, 0.0)
-            raise VendorCallInDoubt(call, f"gave no answer: {exc}") from exc
-        except BaseException as exc:
-            # Whatever broke, the vendor may have acted: in doubt, never "failed".
-            settle(call_id, UNKNOWN, error=f"{type(exc).__name__}: {exc}")
-            raise
-        self._unwritten = (call_id, result)
-        return result
-
-    def _settle_earlier(self, earlier: Call, verifiable: bool) -> Any | None:
-        """An earlier call in doubt, as the policy says: its result if it took effect, None to call again."""
-        action = self.policy.in_doubt(askable=verifiable and bool(earlier.request_id))
-        if action == RERUN:
-            # Kept in doubt (it may have taken effect), but closed: the newest call at this position is the new one.
-            settle(earlier.id, UNKNOWN, error="in doubt when its attempt ended; made again (retry-safe)")
-            log.info(
-                "job %s: vendor call %s (%s) was in doubt when its attempt ended; making it again (retry-safe)",
-                self.job_id,
-                earlier.seq,
-                earlier.request_id or "-",
-                extra={"action": "vendor_call_rerun", "domain": "worker"},
-            )
-            return None
-        if action == CONCLUDE:
-            raise VendorCallInDoubt(earlier, "was in flight when its attempt ended; this vendor cannot be asked")
-        try:
-            answer = call_with_timeout(
-                lambda: self.provider.request_status(earlier.request_id),
-                self._timeout(),
-                f"status of {earlier.request_id}",
-            )
-        except Exception as exc:  # the vendor being unreachable leaves the call in doubt
-            raise VendorCallInDoubt(earlier, f"in doubt, vendor status unavailable ({type(exc).__name__}: {exc})")
-        if answer == SUCCEEDED:
-            result = confirmed_result(earlier)
-            settle(earlier.id, SUCCEEDED, result=result, error="confirmed by the vendor on resume")
-            return result
-        if answer in (FAILED, "unknown"):
-            said = "failed" if answer == FAILED else "never reached the vendor"
-            settle(earlier.id, FAILED, error=f"vendor says it {said} (asked on resume)")
-            log.info(
-                "job %s: vendor call %s (%s) %s; making it again",
-                self.job_id,
-                earlier.seq,
-                earlier.request_id,
-                said,
-                extra={"action": "vendor_call_resume", "domain": "worker"},
-            )
-            return None
-        raise VendorCallInDoubt(earlier, f"in doubt, vendor says {answer!r}")

@@ -37,13 +37,19 @@ class WorkContext:
         request id that ``Provider.request_status`` can ask about.
         """
         from dispatch_app.recovery.policy import resolve
-        from dispatch_app.store.vendor_calls import Ledger
+        from dispatch_app.worker.ledger import Ledger
 
         ledger = getattr(self, "_ledger", None)
         if ledger is None:
             policy = resolve(self.domain, dispatch_settings().RECOVERY) if self.domain else None
             ledger = self._ledger = Ledger(self.job_id, self.attempt, self.provider, policy=policy)
         return ledger.call(purpose, call, verifiable=verifiable)
+
+    def outcome_riding(self):
+        """(call id, result) of the last call, which succeeded and whose outcome nothing has written yet; or None.
+        The worker's finish of work that succeeded writes it (store.transitions.finish)."""
+        ledger = getattr(self, "_ledger", None)
+        return ledger.outcome_riding() if ledger is not None else None
 
     def write_outcome(self, *, quiet: bool = False) -> None:
         """The last succeeded call's outcome, which the ledger writes with its next record (none came)."""

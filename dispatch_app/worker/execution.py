@@ -35,7 +35,7 @@ _check = worker_check  # shared with start_protocol.begin (dbcheck.worker_check)
 ERROR_MAX_CHARS = 8000
 
 
-def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "") -> bool:
+def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: str = "", settled=None) -> bool:
     """Record the outcome; retried on fresh connections if the old one died during the work (dbretry).
 
     The work is done by now: losing its outcome would leave the job 'running'
@@ -46,7 +46,7 @@ def _finish(job_id: int, attempt: int, status: str, result: Any = None, error: s
     value = Jsonb(result) if result is not None else None
 
     def run(cursor, retry: bool) -> bool:
-        return finish(cursor, job_id, attempt, status, value, error[:ERROR_MAX_CHARS])
+        return finish(cursor, job_id, attempt, status, value, error[:ERROR_MAX_CHARS], settled=settled)
 
     return on_fresh_connections(
         run,
@@ -115,19 +115,19 @@ class Ran:
 
     result: Any = None
     error: Exception | None = None
+    # (call id, result) of the last vendor call, which succeeded: its outcome is written by the finish.
+    settled: tuple[int, Any] | None = None
 
 
 def _run(domain, ctx: WorkContext) -> Ran:
     try:
-        try:
-            result = domain.work(ctx)
-        except BaseException:
-            ctx.write_outcome(quiet=True)
+        result = domain.work(ctx)
+    except BaseException as exc:
+        ctx.write_outcome(quiet=True)  # the failure's own write (a retry, a failed finish) does not carry it
+        if not isinstance(exc, Exception):
             raise
-        ctx.write_outcome()
-    except Exception as exc:  # noqa: BLE001 - every failure of the work is settled (_settle), none escapes RQ
-        return Ran(error=exc)
-    return Ran(result=result)
+        return Ran(error=exc)  # every failure of the work is settled (_settle), none escapes RQ
+    return Ran(result=result, settled=ctx.outcome_riding())
 
 
 def _settle(domain, ctx: WorkContext, ran: Ran) -> dict:
@@ -147,7 +147,7 @@ def _settle(domain, ctx: WorkContext, ran: Ran) -> dict:
         )
         _finish(job_id, attempt, "failed", error=format_error(exc))
         return {"failed": str(exc)}
-    if not _finish(job_id, attempt, "succeeded", result=ran.result):
+    if not _finish(job_id, attempt, "succeeded", result=ran.result, settled=ran.settled):
         events.record(
             job_id,
             attempt,

@@ -28,7 +28,7 @@ def calls(job_id):
         return cursor.fetchall()
 
 
-def test_three_calls_cost_three_records_and_one_settle():
+def test_three_calls_cost_three_records_and_a_finish_that_settles_the_last():
     job = submit("workflow", {"workflow_id": "wf-cost", "steps": STEPS})
     with CaptureQueriesContext(connection) as queries:
         assert execute("workflow", job.pk, 1) == {"succeeded": True}
@@ -38,14 +38,16 @@ def test_three_calls_cost_three_records_and_one_settle():
         sql = " ".join(q["sql"].split())
         if "INSERT INTO dispatch_app_vendorcall" in sql:
             kinds.append("record+settle" if sql.startswith("WITH settled AS") else "record")
+        elif sql.startswith("WITH settled AS") and "UPDATE dispatch_app_job" in sql:
+            kinds.append("settle+finish")
         elif sql.startswith("UPDATE dispatch_app_vendorcall"):
             kinds.append("settle")
         else:
             kinds.append(sql.split()[0])
-    # The start, each call's record (carrying the previous call's outcome), the last outcome, the finish:
-    # 6 statements where a record and a settle per call took 8. The start is a WITH (it marks an envelope its
-    # writer sent, store.writer_lease).
-    assert kinds == ["WITH", "record", "record+settle", "record+settle", "settle", "UPDATE"], kinds
+    # The start, each call's record (carrying the previous call's outcome), the finish carrying the last outcome:
+    # 5 statements where a record and a settle per call, and the finish, took 8. The start is a WITH (it marks an
+    # envelope its writer sent, store.writer_lease).
+    assert kinds == ["WITH", "record", "record+settle", "record+settle", "settle+finish"], kinds
     assert [(seq, status, done) for seq, status, _, done in calls(job.pk)] == [
         (0, "succeeded", True),
         (1, "succeeded", True),
@@ -71,3 +73,19 @@ def test_an_outcome_still_riding_is_written_when_the_work_breaks():
         assert execute("workflow", job.pk, 1) == {"failed": "after the call"}
     # The call took effect before the crash: it reads succeeded, not pending (in doubt).
     assert [(seq, status) for seq, status, _, _ in calls(job.pk)] == [(0, "succeeded")]
+
+
+def test_the_last_outcome_is_written_by_a_finish_that_finds_the_job_moved_on():
+    workflow = domains.get_domain("workflow")
+
+    def call_then_lose_the_job(ctx):
+        result = workflow.work(ctx)  # its one step, whose outcome rides with the finish
+        Job.objects.filter(pk=ctx.job_id).update(status=JobStatus.CANCELLED)  # an operator, meanwhile
+        return result
+
+    job = submit("workflow", {"workflow_id": "wf-late", "steps": ["fetch"]})
+    with domains.registry.replaced(dataclasses.replace(workflow, work=call_then_lose_the_job)):
+        assert execute("workflow", job.pk, 1) == {"succeeded": True}
+    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED  # the finish found it moved on
+    # The call took effect all the same: a later attempt must find it succeeded, not in doubt.
+    assert [(seq, status, done) for seq, status, _, done in calls(job.pk)] == [(0, "succeeded", True)]
