@@ -260,6 +260,8 @@ SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEA
 # Error pages and e-mails mask URL passwords (DATABASE_URL, REDIS_URL, RQ_QUEUES[...]['URL'], locals, META).
 DEFAULT_EXCEPTION_REPORTER_FILTER = "productflow.reporting.CredentialsFilter"
 
+from dispatch_app.runtime import default_logging as _default_logging  # noqa: E402 - plain logging, no app needed
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -268,7 +270,7 @@ LOGGING = {
         # operator can grep one action or one domain across the dispatcher's, workers' and recovery's logs.
         "plain": {
             "()": "dispatch_app.runtime.default_logging.ActionFormatter",
-            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "format": _default_logging.FORMAT,
         },
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
