@@ -200,8 +200,9 @@ SPECS: dict[str, _Spec] = {
         float,
         0.0,
         86_400,
-        "the floor (RECOVERY_PACE_MIN_SHARE) is owed once per this many seconds, however often rounds run; "
-        "0: once per round",
+        "the floor (RECOVERY_PACE_MIN_SHARE) is owed once per this many seconds, however often rounds run, and "
+        "rounds closer than this regrow their share in proportion beside new work; "
+        "0: once per round, regrowth unscaled",
     ),
     "RECOVERY": _Spec(
         {}, dict, doc="per-domain recovery overrides, e.g. {'delivery': {'BATCH_SIZE': 50}} (recovery.policy.KEYS)"

@@ -98,9 +98,10 @@ SAMPLE_SECONDS = 1.0
 # round per second at 200/s then re-dispatched 64 jobs a minute per domain against 23 (docs/benchmarks.md, "A
 # quietest wait that rises slower").
 BASELINE_DRIFT = 0.002
-# Without congestion the share grows back by this much of the cap per second (floor to whole in ~18 s),
-# whatever the loop's period: a round per second must not ramp back faster than the window can show
-# what the last increase did, and a round per 30 s is back at its cap at once.
+# Without congestion the share grows back by this much of the cap per second (floor to whole in ~18 s), by the
+# seconds since the last round, not by rounds: a round per 30 s is back at its cap at once. Rounds closer than
+# RECOVERY_PACE_FLOOR_SECONDS grow by this x period / floor seconds while new work is there to slow, so a round per
+# second adds recovered jobs per second no faster than a round per 30 s does (Pacer.regrowth).
 GROWTH_PER_SECOND = 0.05
 
 # --- dispatch_app.worker.rqworker.worker -----------------------------------------------------------------------------

@@ -16,8 +16,12 @@ that became heavier for good is accepted within minutes):
 
 - above ``baseline x RECOVERY_PACE_TOLERANCE + RECOVERY_PACE_SLACK_MS``: new
   work is being slowed, and the domain's share of its per-round cap is halved;
-- otherwise (or with too little new work to judge): the share grows back by
-  5 % of the cap per second since the domain's last round, to the whole cap.
+- otherwise: the share grows back by 5 % of the cap per second since the
+  domain's last round, to the whole cap; for rounds closer together than
+  ``RECOVERY_PACE_FLOOR_SECONDS`` that is scaled by period / floor seconds, so
+  the recovered *rate* of a round per second grows no faster than a round per
+  30 s's does (``regrowth``). With too little new work to judge, 5 % whatever
+  the period: there is nobody to slow.
 
 A domain's share starts at the floor when the process starts (a slow start), so
 the quietest wait is one seen with little recovered work beside it.
@@ -207,16 +211,27 @@ class Pacer:
         """The share of a round's cap the floor keeps: ``min_share`` of it (at least one job) per ``floor_seconds``,
         or per round when rounds are further apart. A round per second must not multiply what recovery sends while
         new work is slowed: at 10 % of 25, thirty times the floor of a round every 30 s (issue 30, fast@100)."""
-        share = max(self.min_share, 1.0 / cap)
+        return max(self.min_share, 1.0 / cap) * self._per_floor(period)
+
+    def regrowth(self, period: float | None, idle: bool = False) -> float:
+        """The share of the cap a quiet second gives back. While there is new work to slow, rounds closer than
+        ``floor_seconds`` are scaled like the floor: at 5 % of the cap a second, a round per second went from one job
+        to four in three seconds, before the 5 s window showed what the first step did, and re-dispatched 49-102 jobs
+        a minute per domain beside new work at 100/s (issue 30, fast@100 at 1.26-1.64x p99). ``idle``: no new work to
+        judge, nobody to slow: the policy's rate comes back as fast as before."""
+        return GROWTH_PER_SECOND * (1.0 if idle else self._per_floor(period))
+
+    def _per_floor(self, period: float | None) -> float:
         if period is not None and 0 < period < self.floor_seconds:
-            share *= period / self.floor_seconds
-        return share
+            return period / self.floor_seconds
+        return 1.0
 
     def allowance(self, domain: str, cap: int, period: float | None = None) -> Allowance:
         """How many jobs ``domain``'s round may re-dispatch now, of its per-round ``cap``; ``period``: the seconds
         between its rounds (None: the floor is per round)."""
         sample, congested = self._look()
         wait = None if sample is None else sample.wait_ms
+        idle = wait is None or sample.count < MIN_SAMPLES
         if cap <= 0:  # MAX_REDISPATCHES_PER_ROUND = 0: report only, paced or not
             return Allowance(0, congested, wait, self.baseline_ms, self.quantile)
         lowest = self.lowest_share(cap, period)
@@ -233,7 +248,7 @@ class Pacer:
             elif congested:
                 share = max(lowest, share / 2)
             else:
-                share = min(1.0, max(lowest, share) + GROWTH_PER_SECOND * max(0.0, now - since))
+                share = min(1.0, max(lowest, share) + self.regrowth(period, idle) * max(0.0, now - since))
             limit, carried = _jobs(cap, share, lowest, carried)
             self._shares[domain] = (share, now, carried)
         return Allowance(limit, congested, wait, self.baseline_ms, self.quantile, probing)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django.db import OperationalError
 
 from dispatch_app.recovery.pacing import GROWTH_PER_SECOND, MIN_SAMPLES, Pacer, Sample
@@ -180,16 +182,35 @@ def test_a_round_per_second_owes_the_floor_per_floor_seconds_not_per_round():
     assert slowed_rounds(30.0, 300.0, 2) == [3, 3]
 
 
-def test_the_fraction_carried_is_spent_once_the_share_grows_back_to_a_job_per_round():
+def per_second_rounds(*waits, n: int) -> tuple[list[int], Pacer]:
+    """A round per second of a domain with a cap of 25 (floor per 30 s), the looks ``waits`` in order."""
     clock = Clock()
-    p = pacer(Looks(4.0, 400.0, 4.0), clock, min_share=0.1, start_share=None, floor_seconds=30.0)
+    p = pacer(Looks(*waits), clock, min_share=0.1, start_share=None, floor_seconds=30.0)
     limits = []
-    for _ in range(3):
+    for _ in range(n):
         limits.append(p.allowance("d", 25, 1.0).limit)
         clock.now += 1.0
-    # Quiet at the third look: grown by 5 % of the cap in a second, a whole job and more, rounded down as above.
-    assert limits == [0, 0, 1]
+    return limits, p
+
+
+def test_the_fraction_carried_is_spent_once_the_share_grows_back_to_a_job_per_round():
+    # Slowed at the second look, then quiet: the share regrows by 5 % of the cap per 30 s each second (a job per
+    # round after ~22 s); below a job per round the fractions add up to a job now and then, never two in a round.
+    limits, p = per_second_rounds(4.0, 400.0, *[4.0] * 40, n=42)
+    assert set(limits[:21]) == {0, 1} and 0 < sum(limits[:21]) < 10
+    assert limits[24:] == [1] * 18
     assert p._shares["d"][2] == 0.0
+
+
+def test_a_round_per_second_regrows_the_recovered_rate_as_a_round_per_30_s_does_unless_nothing_is_there_to_slow():
+    # The recovered rate a quiet second adds is the same for a round per second and a round per 30 s.
+    p = per_second_rounds(4.0, n=1)[1]
+    assert math.isclose(p.regrowth(1.0) * 25 / 1.0, p.regrowth(30.0) * 25 / 30.0)
+    assert p.regrowth(30.0) == p.regrowth(None) == p.regrowth(1.0, idle=True) == GROWTH_PER_SECOND
+    quiet, _ = per_second_rounds(4.0, 400.0, *[4.0] * 10, n=12)
+    # No new work to judge after the slowed look: the cap comes back at 5 % of it per second, as before.
+    idle, _ = per_second_rounds(4.0, 400.0, *[None] * 10, n=12)
+    assert idle == [0, 0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12] and sum(quiet) <= 3 < sum(idle) // 10
 
 
 def test_new_work_appearing_beside_a_storm_drops_every_domain_to_its_floor_before_the_quietest_is_taken():
