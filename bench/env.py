@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from urllib.parse import quote
 
+from bench.logs import LOG_DIR_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -74,6 +76,7 @@ class BenchEnv:
         redis_db: int = 9,
         keep_db: bool = False,
         log=print,
+        log_dir: Path | None = None,
     ):
         self.database_url = database_url
         self.db_name = db_name
@@ -83,6 +86,8 @@ class BenchEnv:
         self.redis_db = redis_db
         self.keep_db = keep_db
         self.log = log
+        # --keep-logs: where children write their lines (bench.logs); None keeps only a short tail in memory.
+        self.log_dir = log_dir
         self.created: list[str] = []
         self.redis_url = ""
         self.settings_dict: dict = {}
@@ -198,7 +203,9 @@ class BenchEnv:
             yield conn
 
     def child_env(self, **extra: str) -> dict:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_") and k != LOG_DIR_ENV}
+        if self.log_dir is not None:
+            env[LOG_DIR_ENV] = str(self.log_dir)
         env.update(
             DJANGO_SETTINGS_MODULE="productflow.settings",
             DATABASE_URL=_url_for(self.settings_dict),

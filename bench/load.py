@@ -17,21 +17,24 @@ import time
 from collections.abc import Callable
 
 from bench.env import PYTHON, ROOT, BenchEnv
+from bench.logs import open_log
 
 
 class Child:
     def __init__(self, env: BenchEnv, spec: dict, *, ready_timeout: float = 60.0):
         self.spec = spec
+        child_env = env.child_env()
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "bench.child", json.dumps(spec)],
             cwd=str(ROOT),
-            env=env.child_env(),
+            env=child_env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         self.stats: dict = {}
+        self._log = open_log(child_env, f"dispatcher-{spec.get('kind', 'child')}", self.proc.pid)
         self._stderr: list[str] = []
         self._stdout: list[str] = []
         self._ready = threading.Event()
@@ -61,6 +64,10 @@ class Child:
         for line in self.proc.stderr:
             self._stderr.append(line)
             del self._stderr[:-200]
+            if self._log:
+                self._log.write(line)
+        if self._log:
+            self._log.close()
 
     def send(self, word: str) -> None:
         self.proc.stdin.write(word + "\n")

@@ -13,6 +13,13 @@ import subprocess
 import threading
 
 from bench.env import PYTHON, ROOT
+from bench.logs import open_log
+
+
+def _role(args: list[str]) -> str:
+    """``bench.peer_procrastinate worker {...}`` -> ``peer_procrastinate-worker``: a log file's name."""
+    words = [args[0].rsplit(".", 1)[-1], *(a for a in args[1:2] if a.isidentifier())]
+    return "-".join(words)
 
 
 class Proc:
@@ -26,6 +33,7 @@ class Proc:
             stderr=subprocess.PIPE,
             text=True,
         )
+        self._log = open_log(env, _role(args), self.proc.pid)
         self._stderr: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self._results: queue.Queue = queue.Queue()
@@ -50,6 +58,10 @@ class Proc:
         for line in self.proc.stderr:
             self._stderr.append(line)
             del self._stderr[:-200]
+            if self._log:
+                self._log.write(line)
+        if self._log:
+            self._log.close()
 
     @property
     def pid(self) -> int:

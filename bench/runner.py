@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench import SCENARIOS, Context, scenario_module
 from bench.env import BenchEnv, load_average, machine, versions
+from bench.logs import stamp
 from bench.report import plots as write_plots
 from bench.report import table, write_json, write_markdown
 
@@ -27,14 +28,28 @@ def run(
     keep_db: bool,
     plots: bool,
     stdout,
+    keep_logs: bool = False,
 ) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = out / "logs" if keep_logs else None
+    if log_dir is not None:
+        log_dir.mkdir(exist_ok=True)
+
     def log(text: str) -> None:
         stdout.write(text)
         stdout.flush()
+        if log_dir is not None:
+            with open(log_dir / "runner.log", "a", encoding="utf-8") as runner_log:
+                runner_log.write(stamp(text))
 
-    out.mkdir(parents=True, exist_ok=True)
     env = BenchEnv(
-        database_url=database_url, db_name=bench_db, redis_url=redis_url, redis_db=redis_db, keep_db=keep_db, log=log
+        database_url=database_url,
+        db_name=bench_db,
+        redis_url=redis_url,
+        redis_db=redis_db,
+        keep_db=keep_db,
+        log=log,
+        log_dir=log_dir,
     )
     started = time.monotonic()
     load_before = machine()
@@ -96,6 +111,8 @@ def run(
     log(table(records))
     log("")
     log(f"results: {json_path}")
+    if log_dir is not None:
+        log(f"logs: {log_dir}")
     if plots and importlib.util.find_spec("matplotlib") is None:
         log("plots skipped: matplotlib is not installed (pip install -r requirements/bench.txt)")
     elif plots:

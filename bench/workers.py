@@ -18,6 +18,7 @@ import tempfile
 
 from bench.env import PYTHON, ROOT
 from bench.load import wait_until
+from bench.logs import open_log
 
 SIMPLE = ["--worker-class", "rq.worker.SimpleWorker", "--serializer", "rq.serializers.JSONSerializer"]
 
@@ -71,8 +72,10 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         for command in commands:
-            # A file, not a pipe: RQ logs every job, and a full pipe would stall the worker.
-            log = tempfile.TemporaryFile()
+            # A file, not a pipe: a full pipe would stall the worker (RQ can log a line per job).
+            # Kept under --keep-logs (opened before the process, so named without its pid), a temporary file otherwise.
+            log = open_log(child_env, f"{kind}-workers", binary=True)
+            log = log or tempfile.TemporaryFile()
             self.logs.append(log)
             self.procs.append(
                 subprocess.Popen([PYTHON, *command], cwd=str(ROOT), env=child_env, stdout=log, stderr=subprocess.STDOUT)

@@ -52,6 +52,7 @@ def test_quick_run_records_every_scenario_and_variant(tmp_path):
             else "productflow_bench_ci",
             "--redis-db",
             os.environ.get("PRODUCTFLOW_TEST_REDIS_DB", "8"),
+            "--keep-logs",
         ],
         cwd=str(ROOT),
         env=env,
@@ -95,3 +96,17 @@ def test_quick_run_records_every_scenario_and_variant(tmp_path):
         claimed = ours["metrics"].get("w1_commit_to_claimed_p50_ms_at200")
         assert claimed is None or claimed >= 0, f"commit -> claimed read {claimed} ms"
         assert 0 <= ours["metrics"]["w1_claimed_share_at200"] <= 1
+    _assert_logs_kept(tmp_path / "logs")
+
+
+def _assert_logs_kept(logs):
+    """--keep-logs: the runner's lines with the clock, and a file of its own per child, written as it ran."""
+    runner = (logs / "runner.log").read_text()
+    for scenario in SCENARIOS:
+        assert f"{scenario}:" in runner, f"runner.log has no line for {scenario}"
+    files = {path.name: path.stat().st_size for path in logs.glob("*.log") if path.name != "runner.log"}
+    # Every worker says when it starts and stops; a producer may say nothing (its file is there, empty).
+    for role in ("-dispatcher-dispatch-", "-pipeline-workers.log", "-simple-workers.log", "-producer-"):
+        named = [name for name in files if role in name]
+        assert named, f"no {role!r} log among {sorted(files)[:20]}"
+    assert any(files[name] for name in files if "-workers.log" in name), "every worker log is empty"

@@ -53,6 +53,11 @@ class Command(BaseCommand):
         parser.add_argument("--redis-db", type=int, default=9, help="Redis db index of the bench (only one flushed)")
         parser.add_argument("--keep-db", action="store_true", help="do not drop the bench database at the end")
         parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+        parser.add_argument(
+            "--keep-logs",
+            action="store_true",
+            help="keep every child process's log lines (dispatchers, workers, producers, peers) in OUT/logs/",
+        )
 
     def handle(self, *args, **options):
         from bench import SCENARIOS
@@ -76,6 +81,7 @@ class Command(BaseCommand):
             keep_db=options["keep_db"],
             plots=not options["no_plots"],
             stdout=self.stdout,
+            keep_logs=options["keep_logs"],
         )
         if code:
             raise CommandError("some scenarios failed; see the table and results.json", returncode=code)
