@@ -75,7 +75,7 @@ KEYS: dict[str, _Key] = {
         86_400,
         nullable=True,
         doc="a recovery loop's round makes its re-dispatches due one step after another over this span (None = 80 % "
-        "of PERIOD_SECONDS, at most 10 s; 0 = all due at once; `recover --once` always sends at once)",
+        "of PERIOD_SECONDS, at most 30 s; 0 = all due at once; `recover --once` always sends at once)",
     ),
 }
 

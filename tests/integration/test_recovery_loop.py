@@ -18,6 +18,7 @@ from dispatch_app.runtime.assembly import add_recovery_loops
 from dispatch_app.runtime.runner import LoopRunner
 from dispatch_app.runtime.supervisor import Supervisor
 from dispatch_app.runtime.wake import TICK
+from dispatch_app.tuning import RECOVERY_SPREAD_MAX, RECOVERY_SPREAD_SHARE
 from tests.factories import PAYLOADS
 from tests.integration.recovery_helpers import dispatch_now, policy, statuses
 
@@ -88,12 +89,14 @@ def test_full_batch_reports_has_more_and_the_next_round_waits_a_full_period(redi
         fake.go.release()
         assert finished.acquire(timeout=SAFETY)
         assert (rounds[0].scanned, rounds[0].redispatched, rounds[0].has_more) == (3, 3, True)
-        # The round's re-dispatches are spread: over min(0.8 x 30 s, 10 s), 3 jobs one step of 10/3 s apart
+        # The round's re-dispatches are spread: over min(0.8 x 30 s, 30 s) = 24 s, 3 jobs one step of 8 s apart
         # (floored to the 0.1 s grid).
+        step = min(RECOVERY_SPREAD_SHARE * 30, RECOVERY_SPREAD_MAX) / 3
+        assert step == pytest.approx(8)
         envelopes = DispatchEnvelope.objects.filter(attempt=2).order_by("job_id")
         offsets = [(e.available_at - e.created_at).total_seconds() for e in envelopes]
         assert offsets[0] == pytest.approx(0, abs=0.01)
-        assert 10 / 3 - 0.1 < offsets[1] <= 10 / 3 + 0.01 and 20 / 3 - 0.1 < offsets[2] <= 20 / 3 + 0.01
+        assert step - 0.1 < offsets[1] <= step + 0.01 and 2 * step - 0.1 < offsets[2] <= 2 * step + 0.01
 
         # Full batch, has_more: still the loop asks for a full period (+ jitter), not for "at once".
         assert fake.waiting.acquire(timeout=SAFETY)
