@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from bench.env import PYTHON, ROOT, BenchEnv
-from bench.logs import open_log
+from bench.logs import drain, open_log
 
 
 class Child:
@@ -39,7 +39,7 @@ class Child:
         self._stdout: list[str] = []
         self._ready = threading.Event()
         self._saw_ready = False
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=drain, args=(self.proc.stderr, self._stderr, self._log), daemon=True).start()
         # Its own reader, so the deadline holds even when the child never writes a line (a blocking
         # readline here once waited forever: the recovery child, which shares the pipe, had written its
         # start-up line between "ready" and its newline); "ready" is found at the end of a line.
@@ -59,15 +59,6 @@ class Child:
                 self._saw_ready = True
                 self._ready.set()
         self._ready.set()  # EOF: the wait ends; a child that died is reported by the caller's next step
-
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self._stderr.append(line)
-            del self._stderr[:-200]
-            if self._log:
-                self._log.write(line)
-        if self._log:
-            self._log.close()
 
     def send(self, word: str) -> None:
         self.proc.stdin.write(word + "\n")

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 LOG_DIR_ENV = "PF_BENCH_LOG_DIR"
+# A child's last lines kept in memory, to report one that did not start or died.
+TAIL_LINES = 200
 _SEQUENCE = itertools.count(1)
 
 
@@ -29,6 +31,20 @@ def open_log(env: dict, role: str, pid: int | None = None, *, binary: bool = Fal
     path = Path(where) / f"{time.strftime('%H%M%S')}-{next(_SEQUENCE):03d}-{role}{'' if pid is None else f'-{pid}'}.log"
     # Line-buffered text: a child's last lines before a kill are on disk when the run is read.
     return open(path, "w+b") if binary else open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+
+def drain(stream, tail: list[str], log) -> None:
+    """Read a child's stream to its end: the last ``TAIL_LINES`` lines into ``tail``, every line into ``log`` if kept.
+
+    The child's pipe must be read whether or not its lines are kept: a full pipe would block the child.
+    """
+    for line in stream:
+        tail.append(line)
+        del tail[:-TAIL_LINES]
+        if log:
+            log.write(line)
+    if log:
+        log.close()
 
 
 def stamp(text: str) -> str:

@@ -13,7 +13,7 @@ import subprocess
 import threading
 
 from bench.env import PYTHON, ROOT
-from bench.logs import open_log
+from bench.logs import drain, open_log
 
 
 def _role(args: list[str]) -> str:
@@ -35,7 +35,7 @@ class Proc:
         )
         self._log = open_log(env, _role(args), self.proc.pid)
         self._stderr: list[str] = []
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=drain, args=(self.proc.stderr, self._stderr, self._log), daemon=True).start()
         self._results: queue.Queue = queue.Queue()
         self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
@@ -53,15 +53,6 @@ class Proc:
         # EOF: whatever was (not) said, stop waiting.
         self._ready.set()
         self._results.put(None)
-
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self._stderr.append(line)
-            del self._stderr[:-200]
-            if self._log:
-                self._log.write(line)
-        if self._log:
-            self._log.close()
 
     @property
     def pid(self) -> int:

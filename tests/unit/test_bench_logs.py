@@ -52,3 +52,27 @@ def test_children_inherit_the_log_dir_only_when_logs_are_kept(tmp_path, monkeypa
 def test_a_proc_log_is_named_for_its_module_and_role_not_its_json():
     assert _role(["bench.peer_procrastinate", "worker", '{"a": 1}']) == "peer_procrastinate-worker"
     assert _role(["bench.producer", '{"domain": "delivery"}']) == "producer"
+
+
+def test_drain_keeps_a_bounded_tail_and_every_line_in_the_log(tmp_path):
+    import subprocess
+    import sys
+
+    lines = logs.TAIL_LINES + 50
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import sys\nfor i in range({lines}): print(i, file=sys.stderr)"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    tail: list[str] = []
+    log = logs.open_log({logs.LOG_DIR_ENV: str(tmp_path)}, "worker", child.pid)
+    logs.drain(child.stderr, tail, log)
+    assert child.wait(timeout=30) == 0
+    assert tail == [f"{i}\n" for i in range(50, lines)]
+    assert log.closed
+    (kept,) = tmp_path.iterdir()
+    assert kept.read_text().splitlines() == [str(i) for i in range(lines)]
+    # Without a log directory only the tail is kept.
+    tail.clear()
+    logs.drain(iter(["a\n", "b\n"]), tail, None)
+    assert tail == ["a\n", "b\n"]
