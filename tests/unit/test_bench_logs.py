@@ -1,5 +1,8 @@
 """dispatchbench --keep-logs: where a child's lines go (bench.logs), and that children inherit it only when asked."""
 
+import subprocess
+import sys
+
 from bench import logs
 from bench.env import BenchEnv
 from bench.procs import _role
@@ -55,9 +58,6 @@ def test_a_proc_log_is_named_for_its_module_and_role_not_its_json():
 
 
 def test_drain_keeps_a_bounded_tail_and_every_line_in_the_log(tmp_path):
-    import subprocess
-    import sys
-
     lines = logs.TAIL_LINES + 50
     child = subprocess.Popen(
         [sys.executable, "-c", f"import sys\nfor i in range({lines}): print(i, file=sys.stderr)"],
