@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from bench.env import PYTHON, ROOT, BenchEnv
 from bench.logs import drain, open_log
+from dispatch_app.rq_ids import parse as parse_rq_id
 
 
 class Child:
@@ -127,12 +128,10 @@ class RQObserver:
                 continue
             now = time.monotonic()
             rq_id = item[1].decode()
-            # pf-<job id>-<attempt>
-            try:
-                job_id = int(rq_id.split("-")[1])
-            except (IndexError, ValueError):
+            parsed = parse_rq_id(rq_id)
+            if parsed is None:
                 continue
-            self.seen.setdefault(job_id, now)
+            self.seen.setdefault(parsed.job_id, now)
 
     def wait_for(self, ids, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

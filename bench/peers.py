@@ -121,9 +121,11 @@ def _ours_rq_times(env, ids: list[int], field: str) -> dict[int, float]:
     send) or ``started_at`` (the worker's start writes, after its blocking pop returned)."""
     from datetime import datetime
 
+    from dispatch_app.rq_ids import rq_job_id
+
     pipe = env.redis().pipeline(transaction=False)
     for i in ids:
-        pipe.hget(f"rq:job:pf-{i}-1", field)
+        pipe.hget(f"rq:job:{rq_job_id(i, 1)}", field)
     out = {}
     for i, raw in zip(ids, pipe.execute(), strict=True):
         if raw:
@@ -360,7 +362,8 @@ def run(ctx: Context) -> list[dict]:
         ),
         "productflow-simpleworker": dict(
             common,
-            workers="W x manage.py rqworker --worker-class rq.worker.SimpleWorker (JSON serializer), 1 job at a time",
+            workers="W x manage.py plain_rqworker --worker-class rq.worker.SimpleWorker (JSON serializer), "
+            "1 job at a time",
             durability="as productflow",
             dispatcher="one rundispatcher process (LISTEN/NOTIFY, defaults)",
         ),

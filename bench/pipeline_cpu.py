@@ -238,7 +238,7 @@ def run(ctx: Context) -> list[dict]:
         "productflow-writer": dict(
             pipeline, processes="producer (SUBMIT_SENDS: it sends its own), rundispatcher, runworkers --processes 1"
         ),
-        "productflow-simpleworker": dict(pipeline, processes="producer, rundispatcher, rqworker SimpleWorker"),
+        "productflow-simpleworker": dict(pipeline, processes="producer, rundispatcher, plain_rqworker SimpleWorker"),
         "procrastinate": dict(pipeline, processes="producer (defer), 1 worker, concurrency 1"),
         "submit": {"jobs": submit_jobs, "how": "outbox.submit_many([one job]) per transaction, flat out"},
         "two-inserts": {"jobs": submit_jobs, "how": "INSERT job; INSERT envelope; COMMIT, flat out"},

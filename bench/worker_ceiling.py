@@ -110,7 +110,7 @@ def _rq_variant(ctx: Context, variant: str, count: int) -> dict:
             from rq import Queue
             from rq.serializers import JSONSerializer
 
-            # The same queue as the task (django-rq's rqworker only serves configured queues).
+            # The same queue as the task (django-rq's rqworker, plain_rqworker here, only serves configured queues).
             queue_name = "delivery"
             q = Queue(queue_name, connection=redis, serializer=JSONSerializer)
             ids = []
@@ -195,8 +195,11 @@ def run(ctx: Context) -> list[dict]:
     out = side_by_side(ctx, NAME, VARIANTS, run_one)
     params = {
         "productflow": {"worker": "manage.py runworkers --processes 1 (PipelineWorker)", "task": "delivery"},
-        "rq-simpleworker": {"worker": "manage.py rqworker --worker-class rq.worker.SimpleWorker", "task": "delivery"},
-        "rq-noop": {"worker": "manage.py rqworker --worker-class rq.worker.SimpleWorker", "task": "no-op"},
+        "rq-simpleworker": {
+            "worker": "manage.py plain_rqworker --worker-class rq.worker.SimpleWorker",
+            "task": "delivery",
+        },
+        "rq-noop": {"worker": "manage.py plain_rqworker --worker-class rq.worker.SimpleWorker", "task": "no-op"},
         "procrastinate": {"worker": "1 worker, concurrency 1, LISTEN/NOTIFY", "task": "async no-op"},
         "pgqueuer": {"worker": "1 QueueManager, drain mode, dequeue batch 100", "task": "async no-op"},
     }

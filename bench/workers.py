@@ -1,7 +1,9 @@
 """The worker processes the scenarios compare: RQ's SimpleWorker and the project's worker.
 
-- ``simple``: W ``manage.py rqworker --worker-class rq.worker.SimpleWorker`` processes
-  (JSON serializer), what the README ran before the project had its own worker.
+- ``simple``: W ``manage.py plain_rqworker --worker-class rq.worker.SimpleWorker`` processes
+  (JSON serializer), what the README ran before the project had its own worker: django-rq's own
+  ``rqworker``, which the project's ``rqworker`` no longer hands its queues to
+  (``productflow/management/commands/plain_rqworker.py``, in this repository only).
 - ``pipeline``: ``manage.py runworkers --processes W``, the project's worker
   (``dispatch_app.worker.rqworker.PipelineWorker``); recorded as not available until it exists.
 
@@ -67,7 +69,7 @@ class Workers:
         commands = (
             [["manage.py", "runworkers", "--queues", ",".join(queues), "--processes", str(processes), *args]]
             if kind == "pipeline"
-            else [["manage.py", "rqworker", *queues, *SIMPLE] for _ in range(processes)]
+            else [["manage.py", "plain_rqworker", *queues, *SIMPLE] for _ in range(processes)]
         )
         self.procs: list[subprocess.Popen] = []
         self.logs = []

@@ -12,6 +12,7 @@ class DispatchAppConfig(AppConfig):
 
         import dispatch_app.conf as conf
         import dispatch_app.domains.registry as registry
+        import dispatch_app.mounting_checks  # noqa: F401 - registers its checks: django-rq unmounted, apps' order
         import dispatch_app.outbox as outbox
         import dispatch_app.redis_servers as redis_servers
         from dispatch_app.dispatch.writer_send import WriterSend
@@ -36,6 +37,7 @@ class DispatchAppConfig(AppConfig):
 def _domains_setting_changed(setting, **kwargs):
     if setting in ("PRODUCTFLOW_DOMAINS", "TASKS"):
         import dispatch_app.domains.registry as registry
+        import dispatch_app.mounting_checks  # noqa: F401 - registers its checks: django-rq unmounted, apps' order
 
         registry.reset()
 
@@ -44,9 +46,14 @@ def _check_dispatch_settings(app_configs, **kwargs):
     from django.core.exceptions import ImproperlyConfigured
 
     from dispatch_app.conf import dispatch_settings
+    from dispatch_app.deployment import validate_setting
 
+    errors = []
     try:
         dispatch_settings()
     except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), id="dispatch_app.E001")]
-    return []
+        errors.append(checks.Error(str(exc), id="dispatch_app.E001"))
+    namespace = validate_setting()
+    if namespace:
+        errors.append(checks.Error(namespace, id="dispatch_app.E030"))
+    return errors

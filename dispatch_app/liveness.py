@@ -16,7 +16,8 @@ it and says ``None`` (ask the heartbeat instead). A beacon whose session was
 terminated reconnects at once, so a live process is without one only for the
 length of a reconnect. A host that vanishes without closing its sockets leaves
 its session for the TCP keepalives to end (~15 s, ``SERVER_KEEPALIVE``); until
-then its heartbeat's expiry is what tells.
+then its heartbeat's expiry is what tells. A claim is read from a hash anyone on Redis's network can write:
+only one shaped like a tag (``tag_like``) is looked up, so one forged claim cannot blind the judgment of all.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def tag(kind: str, name: str) -> str:
     return f"{kind}#{hashlib.sha256(name.encode()).hexdigest()[:40]}"
 
 
+def tag_like(session: str) -> bool:
+    """Could ``session`` be a Beacon's application_name (``tag``)? A NUL byte sent as a query parameter fails the
+    whole query (every worker's verdict with it); a claim anyone wrote into a hash is checked first."""
+    fits = len(session.encode(errors="replace")) <= NAME_BYTES
+    return session.startswith((WORKER, DISPATCHER)) and fits and session.isprintable()
+
+
 def where(cursor) -> str:
     cursor.execute(WHERE_SQL)
     return cursor.fetchone()[0]
@@ -88,6 +96,8 @@ def verdicts(cursor, claims: dict[str, str | None]) -> dict[str, bool | None]:
         if not claim or " " not in claim:
             continue
         session, at = claim.split(" ", 1)
+        if not tag_like(session):
+            continue  # not what a Beacon writes (anyone may write the hash): no evidence, and never sent to SQL
         if here is None:
             here = where(cursor)
         if at == here:

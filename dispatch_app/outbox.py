@@ -17,7 +17,6 @@ database error there aborts the caller's transaction, as any failed statement do
 from __future__ import annotations
 
 import json
-import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,7 +32,7 @@ import dispatch_app.prepared as prepared
 import dispatch_app.store.jobs as job_rows
 import dispatch_app.tracing as tracing
 from dispatch_app.conf import cached_settings
-from dispatch_app.domains import PayloadError, UnknownDomain, get_domain
+from dispatch_app.domains import PayloadError, UnknownDomain, domain_keys, get_domain
 from dispatch_app.models import Job, JobStatus
 from dispatch_app.store.transitions import redispatch  # its old home; store.transitions owns it
 from dispatch_app.tuning import ANNOUNCE_MAX_ROWS
@@ -89,18 +88,23 @@ def _spec(spec: Any, where: str) -> JobSpec:
 def _validated(domain_key: Any, payload: Any, available_at: Any, max_bytes: int, where: str = "") -> str:
     """The payload's JSON text, or a ValidationError naming what is wrong."""
     if not isinstance(domain_key, str):
-        # reprlib: a bounded repr (a deeply nested value's own repr recurses until it fails).
+        # A bounded repr (a deeply nested value's own repr recurses until it fails, a long one is echoed whole).
         raise ValidationError(
-            f"{where}unknown domain {reprlib.repr(domain_key)}: not a string ({type(domain_key).__name__})",
+            f"{where}unknown domain {payloads.shown(domain_key)}: not a string ({type(domain_key).__name__})",
             code="unknown_domain",
         )
     try:
         domain = get_domain(domain_key)
-    except UnknownDomain as exc:
-        raise ValidationError(f"{where}{exc}", code="unknown_domain") from None
-    # Before encoding: what jsonb would refuse (a DataError that aborts the caller's transaction), and nesting
-    # the encoder would recurse into. Values are bounded by the size limit (each is at least a byte).
-    payloads.check(payload, f"{where}payload", max_items=max_bytes)
+    except UnknownDomain:
+        # Cut: the name is the caller's (a 1 MB one was echoed whole).
+        raise ValidationError(
+            f"{where}unknown domain {payloads.shown(domain_key)}; valid domains: {', '.join(domain_keys())}",
+            code="unknown_domain",
+        ) from None
+    # Before encoding: what jsonb would refuse (a DataError that aborts the caller's transaction), nesting the
+    # encoder would recurse into, and the size: lengths are compared with the limit before items are read, so an
+    # oversized payload is refused in time and memory bounded by the limit, not by the payload.
+    payloads.check(payload, f"{where}payload", max_bytes=max_bytes)
     try:
         encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

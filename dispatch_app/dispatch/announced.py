@@ -32,6 +32,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 
+import dispatch_app.dispatch.foreign as foreign
 import dispatch_app.redis_servers as redis_servers
 import dispatch_app.store.claim as claim
 from dispatch_app.conf import ANNOUNCE_PREFIX
@@ -115,8 +116,10 @@ class SendAhead:
         self.sent.clear()
         self._first_at = None
 
-    def send(self, envelopes: list[Claimed]) -> tuple[int, int]:
-        """Send now what was announced (not what this loop claimed already). Returns (sent, of which duplicates)."""
+    def send(self, envelopes: list[Claimed]) -> tuple[int, int, int]:
+        """Send now what was announced (not what this loop claimed already).
+
+        Returns (sent, of which duplicates, of which in place of a foreign hash)."""
         unsent = []
         for envelope in envelopes:
             if self.recent.get(envelope.envelope_id) == envelope.attempt:
@@ -128,7 +131,7 @@ class SendAhead:
             except PermanentSendError:
                 continue  # the claim dead-letters it with the reason
             unsent.append(envelope)
-        sends = duplicates = 0
+        sends = duplicates = foreign_hashes = 0
         size = self.chunk_size
         for server, ahead in self.publisher.group_by_server(unsent).items():
             if self.breaker_for(server).state != CLOSED:
@@ -149,7 +152,9 @@ class SendAhead:
                 self.fresh.update((e.envelope_id, e.attempt) for e in done)
                 sends += len(chunk) - len(failed)
                 duplicates += result.duplicates
-        return sends, duplicates
+                foreign_hashes += len(result.foreign)
+                foreign.note(result.foreign, "dispatcher (sent ahead)")
+        return sends, duplicates, foreign_hashes
 
     def mark(self, total) -> int:
         """Mark what was sent in one statement (claim.MARK_AHEAD_SQL), counted in ``total`` (the drain's

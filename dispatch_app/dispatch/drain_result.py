@@ -18,6 +18,7 @@ class DrainResult:
     dispatched: int = 0
     sends: int = 0  # envelopes Redis answered for (ahead of their claim or after it): > dispatched is waste
     duplicates: int = 0  # of those, sends that found the RQ job there already
+    foreign: int = 0  # of those, sends that replaced a hash this deployment did not write (dispatch.foreign)
     failed: int = 0
     dead: int = 0
     released: int = 0
@@ -47,6 +48,7 @@ class DrainResult:
             "dispatched",
             "sends",
             "duplicates",
+            "foreign",
             "failed",
             "dead",
             "released",

@@ -129,7 +129,7 @@ class DispatchLoop:
         ahead.begin()
         envelopes = announced.take(self.wake.announced)
         if envelopes and self.conf.SEND_ANNOUNCED and not self.stop.is_set():
-            total.sends, total.duplicates = ahead.send(envelopes)
+            total.sends, total.duplicates, total.foreign = ahead.send(envelopes)
         # Every breaker is asked (a due one turns half-open); nothing is claimed while all servers are paused.
         if not self.breakers.allow_any():
             total.paused = True

@@ -1,9 +1,13 @@
 """Putting claimed envelopes on RQ: idempotent, pipelined, JSON-serialised.
 
-The RQ job id is derived from the envelope (job id + attempt), and each job is
+The RQ job id is derived from the envelope (``rq_ids``: namespace, job id, attempt), and each job is
 created by RQ's own create-if-absent Lua script (``rq.scripts``: the one behind
-``enqueue(..., unique=True)``), with one guard in front: if the job hash exists,
-nothing is written and nothing is pushed. So a re-send (a dispatcher died between enqueue and mark, or
+``enqueue(..., unique=True)``), with two guards in front. If the job hash exists
+and carries this send's signature (``rq_ids.signature``), nothing is written and nothing is pushed.
+A hash at that id without it was not written by a dispatcher of this deployment (planted ahead of the job,
+or left by a database recreated under this Redis): it is replaced and the job pushed, and the send says so
+(``SendResult.foreign``: logged, counted and put on the job's timeline by ``dispatch.foreign``), where it used
+to count as already sent and leave the job to recovery. So a re-send (a dispatcher died between enqueue and mark, or
 its lease ran out mid-send) is a no-op in Redis: a job a worker is running keeps
 its hash ("started" stays "started") and is not queued a second time. One
 pipeline per chunk, one round trip: the script is loaded at the head of the
@@ -22,7 +26,7 @@ pipeline is still one round trip.
 from __future__ import annotations
 
 import hashlib
-import re
+import logging
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -41,40 +45,39 @@ import dispatch_app.rq_internals as rq_internals
 from dispatch_app.conf import DispatchSettings
 from dispatch_app.dispatch.breaker import outage_reason
 from dispatch_app.domains import all_domains, get_domain, is_registered
+from dispatch_app.rq_ids import SIGNATURE_FIELD, parse_rq_job_id, rq_job_id, signature
 from dispatch_app.store.claim import Claimed
 
-# The guard: a script is not rolled back when a command in it fails, so a push
+__all__ = ["CREATED", "EXISTED", "FOREIGN", "HashTemplate", "Publisher", "SendResult", "parse_rq_job_id", "rq_job_id"]
+
+# The guards: a script is not rolled back when a command in it fails, so a push
 # that would fail (the queue key is not a list) must fail before the hash is
 # written; a hash left behind would make the re-send look like a sent job.
-CREATE_IF_ABSENT = (
-    """
+# Then a hash at the id that is not one this deployment's dispatcher wrote (ARGV[4..5], the first field, is the
+# signature this send writes) goes, and RQ's script creates ours: its reply is 2 then (FOREIGN).
+CREATE_IF_ABSENT = """
     local kind = redis.call("TYPE", KEYS[2])["ok"]
     if kind ~= "list" and kind ~= "none" then
         return redis.error_reply("WRONGTYPE queue key " .. KEYS[2] .. " holds a " .. kind .. ", not a list")
     end
-"""
-    + UNIQUE_ENQUEUE_SCRIPT
+    local foreign = 0
+    local held = redis.call("TYPE", KEYS[1])["ok"]
+    if held ~= "none" and (held ~= "hash" or redis.call("HGET", KEYS[1], ARGV[4]) ~= ARGV[5]) then
+        redis.call("DEL", KEYS[1])
+        foreign = 1
+    end
+""" + UNIQUE_ENQUEUE_SCRIPT.replace(
+    rq_internals.UNIQUE_ENQUEUE_SUCCESS, "return 1 + foreign  -- created (2: in place of a foreign hash)"
 )
 # Redis names a loaded script by its SHA1 (an identifier, not a security use).
 CREATE_IF_ABSENT_SHA = hashlib.sha1(CREATE_IF_ABSENT.encode(), usedforsecurity=False).hexdigest()
-CREATED, EXISTED = 1, 0
+CREATED, EXISTED, FOREIGN = 1, 0, 2
+
+log = logging.getLogger("dispatch_app.dispatch")
 
 
 class PermanentSendError(Exception):
     """The envelope can never be sent as it is (e.g. its domain is not registered)."""
-
-
-def rq_job_id(job_id: int, attempt: int) -> str:
-    return f"pf-{job_id}-{attempt}"
-
-
-_RQ_JOB_ID = re.compile(r"pf-(\d+)-(\d+)")
-
-
-def parse_rq_job_id(rq_id: str) -> tuple[int, int] | None:
-    """(job id, attempt) of an RQ job id ``rq_job_id`` made; None for any other id."""
-    m = _RQ_JOB_ID.fullmatch(rq_id)
-    return (int(m[1]), int(m[2])) if m else None
 
 
 def redis_connection(url: str | None = None) -> redis.Redis:
@@ -88,6 +91,8 @@ class SendResult:
     duplicates: int = 0
     # Errors that belong to one envelope (its job's own reply): counted toward its MAX_SEND_ATTEMPTS.
     failed: list[tuple[Claimed, BaseException]] = field(default_factory=list)
+    # Sent (counted in ``sent``) in place of a hash at their id that this deployment's dispatcher did not write.
+    foreign: list[Claimed] = field(default_factory=list)
 
 
 def _hset_args(job) -> list:
@@ -117,16 +122,18 @@ class HashTemplate:
 
     def __init__(self, job):
         self.func_name = job.func_name
+        self.origin = job.origin
         self.dumps = job.serializer.dumps
         self.ttl = job.ttl if job.ttl is not None else -1
-        self.fields = _hset_args(job)
+        # The signature first: CREATE_IF_ABSENT compares a hash already there with ARGV[4..5].
+        self.fields = [SIGNATURE_FIELD, "", *_hset_args(job)]
         names = self.fields[::2]
         missing = [name for name in self.PER_JOB if name not in names]
         if missing:  # an RQ whose job hash no longer has these fields: the template would write a stale value
             raise RuntimeError(f"RQ's job hash has no {', '.join(missing)} field: cannot template it")
         self._at = {name: 2 * names.index(name) + 1 for name in self.PER_JOB}
 
-    def fields_for(self, envelope: Claimed) -> list:
+    def fields_for(self, envelope: Claimed, rq_id: str) -> list:
         fields = self.fields.copy()
         at = self._at
         # RQ reads both clocks within microseconds of each other (create_job, then _prepare_for_queue).
@@ -134,6 +141,7 @@ class HashTemplate:
         # What Job.data and to_dict make of (func_name, instance, args, kwargs).
         fields[at["data"]] = zlib.compress(self.dumps((self.func_name, None, [envelope.job_id, envelope.attempt], {})))
         fields[at["description"]] = _description(envelope)
+        fields[1] = signature(rq_id, self.func_name, self.origin)
         return fields
 
 
@@ -226,6 +234,23 @@ class Publisher:
             template = self._templates[key] = HashTemplate(self._job(queue, envelope, "pf-template"))
         return template
 
+    def _check_setup(self, replies: list, setup: list[int], chunk: list[Claimed]) -> None:
+        """The chunk-wide replies: no script is no job written (raised); RQ's set of queue names holding something
+        else (anyone may write it; ``Queue.all``, listings only) is logged, the jobs were sent all the same and the
+        worker's maintenance resets the key."""
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        for position in setup[1:]:
+            if isinstance(replies[position], Exception):
+                queue = self.queue(chunk[0].queue)
+                log.warning(
+                    "%s could not be added to %s: %s; the jobs were sent",
+                    queue.key,
+                    queue.redis_queues_keys,
+                    str(replies[position])[:200],
+                    extra={"action": "queue_set_unwritable", "domain": chunk[0].domain},
+                )
+
     def send(self, chunk: list[Claimed]) -> SendResult:
         failpoints.hit("hold_send")  # a send outliving its lease (fault suite, scenario 33)
         failpoints.hit("note_send")  # a send has begun (fault suite, scenario 9)
@@ -252,7 +277,7 @@ class Publisher:
                 job_id,
                 "R",
                 template.ttl,
-                *template.fields_for(envelope),
+                *template.fields_for(envelope, job_id),
             )
         replies = pipe.execute(raise_on_error=False)
 
@@ -261,9 +286,7 @@ class Publisher:
         for error in errors:
             if outage_reason(error) is not None:
                 raise error
-        for position in setup:
-            if isinstance(replies[position], Exception):
-                raise replies[position]
+        self._check_setup(replies, setup, chunk)
         result = SendResult()
         for envelope, position in slots:
             reply = replies[position]
@@ -271,6 +294,9 @@ class Publisher:
                 result.failed.append((envelope, reply))
             elif reply == CREATED:
                 result.sent += 1
+            elif reply == FOREIGN:
+                result.sent += 1
+                result.foreign.append(envelope)
             else:
                 result.duplicates += 1
         return result

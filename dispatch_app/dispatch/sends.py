@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import dispatch_app.dispatch.foreign as foreign
 import dispatch_app.redis_servers as redis_servers
 from dispatch_app.dispatch.breaker import OPEN, outage_reason
 from dispatch_app.store.claim import Claimed
@@ -142,6 +143,9 @@ def sort_outcomes(outcomes, record: BatchRecord, result, server_of) -> None:
             record.sent_ids.extend(i for i in ids if i not in bad)
             result.sends += len(ids) - len(bad)
             result.duplicates += outcome.value.duplicates
+            if outcome.value.foreign:
+                result.foreign += len(outcome.value.foreign)
+                foreign.note(outcome.value.foreign, "dispatcher")
             for envelope, exc in failed:
                 envelope_failed(record, [envelope.envelope_id], exc)
         else:

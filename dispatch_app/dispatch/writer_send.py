@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import dispatch_app.dispatch.foreign as foreign
 import dispatch_app.failpoints as failpoints
 from dispatch_app.conf import cached_settings, dispatch_settings
 from dispatch_app.dispatch.breaker import outage_reason
@@ -58,6 +59,7 @@ class WriterSend:
             for chunk in publisher.group_by_server(envelopes).values():
                 result = publisher.send(chunk)
                 created += result.sent
+                foreign.note(result.foreign, "writer")
                 for envelope, exc in result.failed:
                     self._failed([envelope], exc)
         except Exception as exc:  # noqa: BLE001 - the job is committed: the dispatcher sends it after the grace

@@ -15,6 +15,21 @@ class PayloadError(ValueError):
     """A payload does not match its domain's schema; the message names the field."""
 
 
+_SHOWN = 40
+
+
+def shown(value: Any) -> str:
+    """A payload's value as a message echoes it: cut to a short prefix with its length (a key may be 1 MB long).
+
+    The same rule as ``dispatch_app.payloads.shown``, here without Django (see the module's docstring).
+    """
+    if isinstance(value, str) and len(value) > _SHOWN:
+        return f"{value[:_SHOWN]!r}... ({len(value)} characters)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"  # its decimal text may be thousands of digits (or refused)
+    return repr(value) if isinstance(value, (str, int, float, type(None))) else f"a {type(value).__name__}"
+
+
 @dataclass(frozen=True)
 class Field:
     kind: type | tuple[type, ...]
@@ -33,12 +48,13 @@ class Field:
         if not isinstance(value, kinds):
             raise PayloadError(f"{where}: expected {_kind_name(kinds)}, got {type(value).__name__}")
         if self.minimum is not None and isinstance(value, (int, float)) and value < self.minimum:
-            raise PayloadError(f"{where}: must be >= {self.minimum}, got {value}")
+            raise PayloadError(f"{where}: must be >= {self.minimum}, got {shown(value)}")
         if self.maximum is not None and isinstance(value, (int, float)) and value > self.maximum:
-            raise PayloadError(f"{where}: must be <= {self.maximum}, got {value}")
+            raise PayloadError(f"{where}: must be <= {self.maximum}, got {shown(value)}")
         if isinstance(value, (str, list)):
+            # The length first: nothing below reads the items of a value that is too long.
             if self.max_length is not None and len(value) > self.max_length:
-                raise PayloadError(f"{where}: longer than {self.max_length}")
+                raise PayloadError(f"{where}: longer than {self.max_length} (got {len(value)})")
             if isinstance(value, str) and self.required and not value.strip():
                 raise PayloadError(f"{where}: must not be empty")
         if isinstance(value, list):
@@ -134,11 +150,15 @@ class Domain:
             raise PayloadError(f"{self.key}: payload must be a JSON object, got {type(payload).__name__}")
         if self.schema is None:
             return payload
-        unknown = sorted(set(payload) - set(self.schema))
+        unknown = [name for name in payload if name not in self.schema]
         if unknown:
-            raise PayloadError(
-                f"{self.key}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(self.schema))}"
+            # A few, each cut: the names are the caller's (and, from a browser, as many and as long as it likes).
+            more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+            names = ", ".join(
+                name if isinstance(name, str) and name.isidentifier() and len(name) <= _SHOWN else shown(name)
+                for name in sorted(unknown, key=str)[:3]
             )
+            raise PayloadError(f"{self.key}: unknown field(s) {names}{more}; expected {', '.join(sorted(self.schema))}")
         for name, spec in self.schema.items():
             where = f"{self.key}.{name}"
             if name not in payload:

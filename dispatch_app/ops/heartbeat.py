@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
+import dispatch_app.deployment as deployment
 import dispatch_app.liveness as liveness
 from dispatch_app.conf import DispatchSettings
 
@@ -202,6 +203,7 @@ class HeartbeatLoop:
                 self.process_id = None
         if self.process_id is None:
             self.register()
+        deployment.keep_alive()  # this deployment's entry on its Redis servers (dispatch_app.deployment)
         rows = self.tracker.take()
         if rows:
             with transaction.atomic(), connection.cursor() as cursor:

@@ -91,6 +91,11 @@ class DispatchMetrics:
             "Sends that found the RQ job there already (create-if-absent left it alone).",
             registry=r,
         )
+        self.foreign_hashes = Counter(
+            "productflow_rq_foreign_hashes_replaced",
+            "Sends that found a job hash at their RQ id this deployment's dispatcher did not write, and replaced it.",
+            registry=r,
+        )
         self.listener_reconnects = Counter(
             "productflow_listener_reconnects", "LISTEN connection losses (each followed by a reconnect).", registry=r
         )
@@ -151,6 +156,7 @@ class DispatchMetrics:
         self.sends.inc(getattr(result, "sends", 0))
         self.claims_skipped.inc(1 if getattr(result, "claim_skipped", False) else 0)
         self.send_duplicates.inc(getattr(result, "duplicates", 0))
+        self.foreign_hashes.inc(getattr(result, "foreign", 0))
         for latency in getattr(result, "latencies", ()):
             self.latency.observe(max(0.0, latency))
         self.connection_wait.observe(getattr(result, "connect_seconds", 0.0))

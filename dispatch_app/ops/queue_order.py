@@ -18,8 +18,9 @@ import redis
 import dispatch_app.lanes as lanes
 import dispatch_app.ops.rqside as rqside
 import dispatch_app.redis_servers as redis_servers
-from dispatch_app.dispatch.publisher import parse_rq_job_id
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.domains import all_domains
+from dispatch_app.rq_ids import parse_rq_job_id
 from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 
@@ -48,12 +49,12 @@ def _read(conn: redis.Redis, queues: list[str]) -> dict[str, int]:
             for name in lanes.queues(queue):
                 pipe.llen(rqside.queue_key(name))
                 pipe.lrange(rqside.queue_key(name), 0, RQ_LIST_READ_MAX - 1)
-        raw = iter(pipe.execute())
+        raw = iter(junk.replies(pipe, "the job list's queue order"))  # a key of another type reads as empty
     out: dict[str, int] = {}
     for queue in queues:
         ahead = 0  # jobs of the earlier lanes, all taken first
         for _ in lanes.queues(queue):
-            depth, ids = int(next(raw)), next(raw)
+            depth, ids = int(next(raw) or 0), next(raw) or ()
             for index, rq_id in enumerate(ids):
                 parsed = parse_rq_job_id(rqside.text(rq_id))  # anyone may push any bytes: never a strict decode
                 if parsed:

@@ -20,8 +20,10 @@ import dispatch_app.lanes as lanes
 import dispatch_app.ops.rqside as rqside
 import dispatch_app.redis_servers as redis_servers
 import dispatch_app.rq_internals as rq_internals
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.domains import UnknownDomain, get_domain
 from dispatch_app.models import JobAttempt
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.tuning import RQ_LIST_READ_MAX
 from dispatch_app.worker.rqworker.fetch import TAKEN_BY
 
@@ -84,25 +86,25 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
     with conn.pipeline(transaction=False) as pipe:
         for job_id, attempt, _ in attempts:
             pipe.hmget(
-                rq_internals.job_key(f"pf-{job_id}-{attempt}"), "status", "worker_name", "last_heartbeat", TAKEN_BY
+                rq_internals.job_key(rq_job_id(job_id, attempt)), "status", "worker_name", "last_heartbeat", TAKEN_BY
             )
         for queue in queues:
             pipe.llen(rqside.queue_key(queue))
             pipe.smembers(rq_internals.workers_of_queue_key(queue))
             pipe.lrange(rqside.queue_key(queue), 0, RQ_LIST_READ_MAX - 1)
-        raw = pipe.execute()
+        raw = junk.replies(pipe, "a job's RQ side")  # a key of another type (junk anyone may write) reads as empty
     per_queue = raw[len(attempts) :]
-    depth = {q: int(per_queue[3 * i]) for i, q in enumerate(queues)}
+    depth = {q: int(per_queue[3 * i] or 0) for i, q in enumerate(queues)}
     members = {
-        q: [rqside.text(m).removeprefix(rqside.WORKER_PREFIX) for m in per_queue[3 * i + 1]]
+        q: [rqside.text(m).removeprefix(rqside.WORKER_PREFIX) for m in per_queue[3 * i + 1] or ()]
         for i, q in enumerate(queues)
     }
-    wanted = {f"pf-{job_id}-{attempt}" for job_id, attempt, _ in attempts}
-    heads = {q: _places(per_queue[3 * i + 2], wanted) for i, q in enumerate(queues)}
+    wanted = {rq_job_id(job_id, attempt) for job_id, attempt, _ in attempts}
+    heads = {q: _places(per_queue[3 * i + 2] or (), wanted) for i, q in enumerate(queues)}
     out = {}
     for i, (job_id, attempt, queue) in enumerate(attempts):
-        status, worker, heartbeat, taken_by = raw[i]
-        positions = [heads[name].get(f"pf-{job_id}-{attempt}") for name in lanes.queues(queue)]
+        status, worker, heartbeat, taken_by = raw[i] or (None, None, None, None)
+        positions = [heads[name].get(rq_job_id(job_id, attempt)) for name in lanes.queues(queue)]
         # The lane it waits in (the domain queue's own when it waits in none).
         lane, position = next(
             ((name, p) for name, p in zip(lanes.queues(queue), positions, strict=True) if p is not None), (queue, None)
@@ -113,7 +115,7 @@ def read_jobs(conn: redis.Redis, attempts: list[tuple[int, int, str]]) -> dict[t
         lane_depths = [depth[name] for name in lanes.queues(queue)]
         unread = sum(lane_depths) if unlisted and not taken_by and max(lane_depths) > RQ_LIST_READ_MAX else None
         out[(job_id, attempt)] = JobRQState(
-            rq_id=f"pf-{job_id}-{attempt}",
+            rq_id=rq_job_id(job_id, attempt),
             queue=lane,
             in_redis=status is not None,
             rq_status=rqside.text(status),
@@ -140,7 +142,7 @@ def job_state(job_id: int, attempt: int, queue: str, conn: redis.Redis | None = 
     try:
         return read_jobs(conn or rqside.redis_conn(queue), [(job_id, attempt, queue)])[(job_id, attempt)]
     except redis.RedisError as exc:
-        return JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=f"{type(exc).__name__}: {exc}")
+        return JobRQState(rq_job_id(job_id, attempt), queue, in_redis=False, error=f"{type(exc).__name__}: {exc}")
 
 
 def _queue(domain: str) -> str | None:
@@ -165,7 +167,7 @@ def states(jobs, statuses=LIVE) -> dict[int, JobRQState]:
         except redis.RedisError as exc:
             error = f"{type(exc).__name__}: {exc}"
             for job_id, attempt, queue in group:
-                out[job_id] = JobRQState(f"pf-{job_id}-{attempt}", queue, in_redis=False, error=error)
+                out[job_id] = JobRQState(rq_job_id(job_id, attempt), queue, in_redis=False, error=error)
     _recorded_workers({pk: s for pk, s in out.items() if pk in running})
     return out
 

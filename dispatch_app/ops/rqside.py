@@ -4,11 +4,14 @@ PostgreSQL says a job is ``queued`` or ``running``; only Redis says whether a
 worker listens on its queue and whether the worker running it is still there.
 Everything here is read-only against Redis (a few pipelined reads per page,
 bounded by a short socket timeout) and joins Redis to PostgreSQL by the RQ job
-id, ``pf-<job>-<attempt>`` (dispatch.publisher.rq_job_id); one job's RQ side is ``rqjobs``.
+id (``rq_ids.rq_job_id``); one job's RQ side is ``rqjobs``.
 
 Ages are on the database clock: the oldest job waiting in a queue is aged from
 its envelope's ``dispatched_at``; only a worker's last heartbeat is a
 timestamp written by the worker's host (RQ writes it), and is labelled so.
+
+Anyone on Redis's network can write these keys: a value that is no RQ value reads as unknown (``text``,
+``_count``, ``parse_utc``), a key of another type as empty (``junk.replies``), never as an error for the page.
 
 Worker liveness: RQ keeps a worker's hash (``rq:worker:<name>``) alive with a
 TTL it renews on every heartbeat, so a worker killed with SIGKILL disappears
@@ -43,8 +46,9 @@ import dispatch_app.liveness as liveness
 import dispatch_app.redis_servers as redis_servers
 import dispatch_app.rq_internals as rq_internals
 import dispatch_app.worker.rqworker.health as health
-from dispatch_app.dispatch.publisher import parse_rq_job_id
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.domains import all_domains
+from dispatch_app.rq_ids import parse_rq_job_id
 from dispatch_app.tuning import REDIS_TIMEOUT, SILENT_PERIODS
 from dispatch_app.worker.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, LAST_ERROR_FIELD, RECENT_FIELD
 
@@ -199,15 +203,15 @@ def read_workers(conn: redis.Redis, names) -> dict[str, WorkerInfo]:
         for name in names:
             pipe.hgetall(WORKER_PREFIX + name)
             pipe.smembers(f"{WORKER_PREFIX}{name}:executions")
-        (seconds, micros), *raw = pipe.execute()
+        (seconds, micros), *raw = junk.replies(pipe, "the RQ side's workers")  # a key of another type: empty
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     local = socket.gethostname()
-    hashes = [{text(k): text(v) for k, v in raw[2 * i].items()} for i in range(len(names))]
+    hashes = [{text(k): text(v) for k, v in (raw[2 * i] or {}).items()} for i in range(len(names))]
     sessions = liveness.judged(
         {name: data.get(liveness.WORKER_HASH_FIELD) for name, data in zip(names, hashes, strict=True)}
     )
     return {
-        name: _judge(name, hashes[i], local, redis_now, [text(e) for e in raw[2 * i + 1]], sessions.get(name))
+        name: _judge(name, hashes[i], local, redis_now, [text(e) for e in raw[2 * i + 1] or ()], sessions.get(name))
         for i, name in enumerate(names)
     }
 
@@ -228,7 +232,8 @@ class QueueInfo:
 
 def _head_ages(rq_ids: list[str]) -> dict[str, float]:
     """Seconds since each head job's envelope was dispatched, on the database clock."""
-    pairs = [p for p in (parse_rq_job_id(i) for i in rq_ids) if p]
+    ids = {pair: rq_id for rq_id in rq_ids if (pair := parse_rq_job_id(rq_id))}
+    pairs = list(ids)
     if not pairs:
         return {}
     with connection.cursor() as cursor:
@@ -239,7 +244,7 @@ def _head_ages(rq_ids: list[str]) -> dict[str, float]:
             "WHERE e.dispatched_at IS NOT NULL",
             [[p[0] for p in pairs], [p[1] for p in pairs]],
         )
-        return {f"pf-{j}-{a}": age for j, a, age in cursor.fetchall()}
+        return {ids[(j, a)]: age for j, a, age in cursor.fetchall()}
 
 
 def snapshot(conn: redis.Redis | None = None) -> dict:
@@ -306,13 +311,13 @@ def _read_server(conn: redis.Redis, infos: list[QueueInfo]) -> dict[str, WorkerI
                 pipe.llen(queue_key(name))
                 pipe.lindex(queue_key(name), 0)
                 pipe.smembers(rq_internals.workers_of_queue_key(name))
-        raw = iter(pipe.execute())
+        raw = iter(junk.replies(pipe, "the RQ side's queues"))  # a key of another type reads as empty
     names: set[str] = set()
     for info in infos:
         for lane, name in zip(lanes.LANES, lanes.queues(info.queue), strict=True):
             depth, head, members = next(raw), next(raw), next(raw)
-            lane_workers = sorted(text(m).removeprefix(WORKER_PREFIX) for m in members)
-            info.lanes[lane] = {"queue": name, "depth": int(depth), "head": text(head), "workers": lane_workers}
+            lane_workers = sorted(text(m).removeprefix(WORKER_PREFIX) for m in members or ())
+            info.lanes[lane] = {"queue": name, "depth": int(depth or 0), "head": text(head), "workers": lane_workers}
             names.update(lane_workers)
         info.depth = sum(lane["depth"] for lane in info.lanes.values())
         info.workers = sorted({w for lane in info.lanes.values() for w in lane["workers"]})

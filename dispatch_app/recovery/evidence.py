@@ -21,10 +21,10 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 import dispatch_app.liveness as liveness
-from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains.base import ASK
 from dispatch_app.providers import call_with_timeout
 from dispatch_app.recovery.decide import RQ_WAITING, Evidence, JobState
+from dispatch_app.rq_ids import legacy_accepted, legacy_rq_job_id, rq_job_id
 from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 
@@ -51,11 +51,19 @@ def rq_job_status(job_id: int, attempt: int, connection: redis.Redis) -> tuple[s
 
 def rq_job(job_id: int, attempt: int, connection: redis.Redis) -> RQSeen:
     rq_id = rq_job_id(job_id, attempt)
-    if not RQJob.exists(rq_id, connection):
+    # A job sent by a release before namespaces has the id it had then (rq_ids: read while accepted): one look
+    # for either, since after a Redis data loss every candidate is missing and each look is a round trip.
+    ids = (rq_id, legacy_rq_job_id(job_id, attempt)) if legacy_accepted() else (rq_id,)
+    if not connection.exists(*(RQJob.key_for(i) for i in ids)):
         return RQSeen("missing")
-    try:
-        job = RQJob.fetch(rq_id, connection=connection, serializer=JSONSerializer)
-    except NoSuchJobError:  # expired between the two calls
+    job = None
+    for rq_id in ids:
+        try:
+            job = RQJob.fetch(rq_id, connection=connection, serializer=JSONSerializer)
+            break
+        except NoSuchJobError:  # the other id, or expired between the two calls
+            continue
+    if job is None:
         return RQSeen("missing")
     status = job.get_status(refresh=False)
     status = getattr(status, "value", status) or "missing"

@@ -3,7 +3,7 @@
 ::
 
     (submit) -> submitted --mark_queued--> queued --start--> running --finish--> succeeded | failed | outcome_unknown
-                                                   queued <--withdraw_start-- running  (its worker never ran it)
+                              submitted | queued <--withdraw_start-- running  (its worker never ran it)
                 submitted --dead_letter--> failed            (its envelope could never be sent)
     submitted | queued | running --conclude--> outcome_unknown | failed   (recovery's verdict)
     submitted | queued | running --cancel--> cancelled       (operator)
@@ -134,14 +134,22 @@ WHERE j.id = %s AND j.attempt = %s AND j.status = 'running' AND a.worker = %s
   AND j.started_at > clock_timestamp() - make_interval(secs => %s)
 """
 
-# running -> queued, same attempt: a worker that started the job in PostgreSQL ahead of its take from Redis
-# (dispatch_app.worker.start_protocol) did not get the job to run. Only that start (its started_at) moves back;
-# the attempt's history forgets the start too, so a later start of the same attempt is recorded afresh.
+# running -> queued | submitted, same attempt: a worker that started the job in PostgreSQL ahead of its take from
+# Redis (dispatch_app.worker.start_protocol) did not get the job to run. Only that start (its started_at) moves
+# back, to where it was: a job whose envelope the dispatcher has not marked dispatched is `submitted` again, and a
+# dispatch time the start wrote (START_SQL: the same clock reading as started_at) goes with it. An id pushed to
+# Redis with no hash behind it (anyone can) once left such a job `queued`, dispatched at a time no dispatcher sent
+# it, and recovery later spent an attempt on it. The attempt's history forgets the start too, so a later start of
+# the same attempt is recorded afresh.
 WITHDRAW_START_SQL = f"""
 WITH back AS (
-    UPDATE {JOB} SET status = 'queued', started_at = NULL
-    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND started_at = %(started_at)s
-    RETURNING id, attempt),
+    UPDATE {JOB} j SET started_at = NULL,
+        status = CASE WHEN e.status = 'dispatched' THEN 'queued' ELSE 'submitted' END,
+        dispatched_at = CASE WHEN j.dispatched_at = j.started_at THEN e.dispatched_at ELSE j.dispatched_at END
+    FROM (SELECT %(id)s::bigint AS job_id, %(attempt)s::int AS attempt) AS w
+    LEFT JOIN {ENVELOPE} e ON e.job_id = w.job_id AND e.attempt = w.attempt
+    WHERE j.id = w.job_id AND j.attempt = w.attempt AND j.status = 'running' AND j.started_at = %(started_at)s
+    RETURNING j.id, j.attempt),
 history AS (
     UPDATE {ATTEMPT} a SET started_at = NULL, worker = ''
     FROM back WHERE a.job_id = back.id AND a.attempt = back.attempt)

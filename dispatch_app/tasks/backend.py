@@ -82,10 +82,11 @@ class OutboxBackend(BaseTaskBackend):
         self._validate_once(task)
         where = f"Task {task.module_path} cannot be enqueued: "
         try:
-            # Before the normalisation below, which recurses: a thousand-deep argument would be a RecursionError.
-            max_items = cached_settings().PAYLOAD_MAX_BYTES
-            payloads.check_depth(args, f"{where}args", max_items=max_items)
-            payloads.check_depth(kwargs, f"{where}kwargs", max_items=max_items)
+            # Before the normalisation below, which recurses (a thousand-deep argument would be a RecursionError)
+            # and copies every item: depth and size first, lengths before items.
+            max_bytes = cached_settings().PAYLOAD_MAX_BYTES
+            payloads.check_depth(args, f"{where}args", max_bytes=max_bytes)
+            payloads.check_depth(kwargs, f"{where}kwargs", max_bytes=max_bytes)
         except ValidationError as exc:
             raise InvalidTaskArguments(exc.messages[0], exc.code) from None
         try:

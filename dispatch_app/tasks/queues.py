@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from dispatch_app.domains.base import Domain, PayloadError, RecoveryPolicy
+from dispatch_app.domains.base import Domain, PayloadError, RecoveryPolicy, shown
 from dispatch_app.tasks.backend import OutboxBackend
 from dispatch_app.tasks.declare import BACKEND_PATHS, ENTRY_PREFIX, TASK_SCHEMA, queue_policies
 from dispatch_app.tasks.run import work
@@ -42,17 +42,19 @@ def check_task_payload(domain: Domain, payload: dict) -> None:
     try:
         task = import_string(path)
     except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
-        raise PayloadError(f"{where}: {path!r} does not import ({type(exc).__name__})") from None
+        raise PayloadError(f"{where}: {shown(path)} does not import ({type(exc).__name__})") from None
     if not isinstance(task, Task):
-        raise PayloadError(f"{where}: {path!r} is not a django.tasks Task (decorate it with @task)")
+        raise PayloadError(f"{where}: {shown(path)} is not a django.tasks Task (decorate it with @task)")
     # A Task is declared on one queue and may be sent to another with .using(queue_name=...): the queue must be
     # one its backend (an OutboxBackend) serves.
     alias = payload.get("backend") or task.backend
     params = (getattr(settings, "TASKS", None) or {}).get(alias)
     if not isinstance(params, dict) or not is_outbox_backend(params.get("BACKEND")):
-        raise PayloadError(f"{where}: backend {str(alias)[:100]!r} is not an OutboxBackend in TASKS")
+        raise PayloadError(f"{where}: backend {shown(alias)} is not an OutboxBackend in TASKS")
     if domain.key not in params.get("QUEUES", ["default"]):
-        raise PayloadError(f"{where}: {path!r} is for backend {alias!r}, which does not serve queue {domain.key!r}")
+        raise PayloadError(
+            f"{where}: {shown(path)} is for backend {shown(alias)}, which does not serve queue {domain.key!r}"
+        )
 
 
 def domain_for(queue: str, policy: RecoveryPolicy) -> Domain:

@@ -104,7 +104,7 @@ def pcts(latency):
 @register.filter
 def rq_job(rq_id):
     """The job id of an RQ id ``pf-<job>-<attempt>``, or None."""
-    from dispatch_app.dispatch.publisher import parse_rq_job_id
+    from dispatch_app.rq_ids import parse_rq_job_id
 
     parsed = parse_rq_job_id(rq_id or "")
     return parsed[0] if parsed else None

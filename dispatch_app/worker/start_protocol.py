@@ -101,7 +101,7 @@ def worker_name() -> str:
 def begin(worker_name: str, rq_id: str, queue: str) -> Held | None:
     """The job's start, made ahead of its take; None for a job that is not the dispatcher's, not startable, or on
     an error (``execute`` then runs the start itself, as without this, and reports what it finds)."""
-    from dispatch_app.dispatch.publisher import parse_rq_job_id, rq_job_id
+    from dispatch_app.rq_ids import parse_rq_job_id, rq_job_id
     from dispatch_app.worker.rqworker.admission import queue_domains
 
     ours = parse_rq_job_id(rq_id)

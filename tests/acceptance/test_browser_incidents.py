@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from dispatch_app.rq_ids import rq_job_id
 from tests.acceptance.test_browser import CHROMIUM, DRIVER, _login, browser  # noqa: F401 - the fixture
 from tests.helpers import ROOT
 
@@ -85,7 +86,7 @@ def test_six_incidents_name_their_blocker_and_never_500(browser, live_server, dj
         j = job("delivery", "queued", dispatched_ago=60 - i)
         envelope(j, "dispatched", created_ago=61, dispatched_ago=60 - i)
         Queue("delivery", connection=redis_conn, serializer=JSONSerializer).enqueue(
-            "dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=f"pf-{j.pk}-1"
+            "dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=rq_job_id(j.pk, 1)
         )
         queued.append(j)
     no_error_page(browser, live_server, DASHBOARD)

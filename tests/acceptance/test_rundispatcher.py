@@ -1,4 +1,4 @@
-"""``rundispatcher`` and ``rqworker`` as real processes against the test database and Redis.
+"""``rundispatcher`` and a plain RQ worker (``plain_rqworker``) as real processes against the test database and Redis.
 
 Submitted (committed) jobs are started and succeed; SIGTERM stops the dispatcher with
 exit 0 within its deadline; a second signal exits at once even while a send hangs.
@@ -89,7 +89,7 @@ def dispatcher_args(*extra: str) -> list[str]:
 
 def worker_args() -> list[str]:
     return [
-        "rqworker",
+        "plain_rqworker",
         *lane_queue_names(),
         "--serializer",
         "rq.serializers.JSONSerializer",
@@ -146,6 +146,15 @@ def blackhole():
     server.close()
 
 
+def accept_the_send(blackhole) -> socket.socket:
+    """The dispatcher's send's connection: the first one is its start-up check that no other deployment uses this
+    Redis (dispatch_app.deployment), which gives up after its own short timeout and lets the process start."""
+    check, _ = blackhole.accept()
+    held, _ = blackhole.accept()
+    check.close()
+    return held
+
+
 def hanging_env(subprocess_env, blackhole) -> dict:
     port = blackhole.getsockname()[1]
     # The lease must outlast a send that may wait out those timeouts (conf.check_lease), or start-up refuses it.
@@ -160,7 +169,7 @@ def hanging_env(subprocess_env, blackhole) -> dict:
 def test_a_second_signal_exits_at_once_while_a_send_hangs(subprocess_env, processes, blackhole):
     jobs_of_every_domain()
     dispatcher = processes(dispatcher_args("--shutdown-deadline", "120"), hanging_env(subprocess_env, blackhole))
-    held, _ = blackhole.accept()  # the send is in flight now
+    held = accept_the_send(blackhole)  # the send is in flight now
     dispatcher.wait_for_line("rundispatcher pid")
     dispatcher.signal(signal.SIGTERM)
     dispatcher.wait_for_line("stopping")  # handled: the clean stop now waits for the send
@@ -174,7 +183,7 @@ def test_a_second_signal_exits_at_once_while_a_send_hangs(subprocess_env, proces
 def test_a_loop_stuck_past_the_deadline_is_named_and_the_process_still_exits(subprocess_env, processes, blackhole):
     jobs_of_every_domain()
     dispatcher = processes(dispatcher_args("--shutdown-deadline", "1"), hanging_env(subprocess_env, blackhole))
-    held, _ = blackhole.accept()
+    held = accept_the_send(blackhole)
     dispatcher.wait_for_line("rundispatcher pid")
     started = time.monotonic()
     dispatcher.signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
 from dispatch_app.ops import board, rqside
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import PipelineWorker
 from tests.integration.opsdata import attempt_row, envelope, job
 from tests.integration.test_operator_dashboard import DASHBOARD, JOBS, LIVE, VIEW, enqueue, staff, worker
@@ -161,7 +162,7 @@ def test_a_job_taken_but_not_started_by_a_dead_worker_names_that_worker(client, 
     enqueue(redis_conn, "agent", held.pk)
     queue = Queue("agent", connection=redis_conn, serializer=JSONSerializer)
     (taken,) = Fetcher(redis_conn, [queue], RQJob, JSONSerializer, "w-taker").take(8)  # prefetched, not started
-    assert taken.job.id == f"pf-{held.pk}-1" and redis_conn.llen("rq:queue:agent") == 0
+    assert taken.job.id == rq_job_id(held.pk, 1) and redis_conn.llen("rq:queue:agent") == 0
     client.force_login(staff("viewer", *VIEW))
 
     beat_at(redis_conn, w, 0)

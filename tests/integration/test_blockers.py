@@ -12,6 +12,7 @@ from django.contrib.auth.models import User
 from dispatch_app import stage_sql
 from dispatch_app.models import DispatcherProcess, JobEvent
 from dispatch_app.ops import actions
+from dispatch_app.rq_ids import rq_job_id
 from tests.integration.opsdata import ago, attempt_row, envelope, job, sql
 
 JOBS = "/admin/dispatch_app/job/"
@@ -129,7 +130,7 @@ def test_a_dead_workers_job_says_when_recovery_acts_with_the_setting(operator, r
 
     j = job("delivery", "running", dispatched_ago=70, started_ago=60, updated_ago=60)
     q = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
-    rq_job = q.enqueue("dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=f"pf-{j.pk}-1")
+    rq_job = q.enqueue("dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=rq_job_id(j.pk, 1))
     redis_conn.hset(rq_job.key, "worker_name", "w-gone")
     sql("UPDATE dispatch_app_jobattempt SET worker = 'w-gone' WHERE job_id = %s", [j.pk])
     page = operator.get(f"{JOBS}{j.pk}/timeline/").content.decode()
@@ -231,7 +232,7 @@ def test_queued_jobs_a_dead_worker_prefetched_explain_the_gap_in_a_banner(redis_
     waiting, taken = [], []
     for i in range(5):
         j = job("delivery", "queued", dispatched_ago=60 - i)
-        rq_job = q.enqueue("dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=f"pf-{j.pk}-1")
+        rq_job = q.enqueue("dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=rq_job_id(j.pk, 1))
         (taken if i < 2 else waiting).append((j, rq_job))
     for _, rq_job in taken:  # taken off the queue by a worker that then died (its hash is gone)
         redis_conn.lrem(q.key, 0, rq_job.id)

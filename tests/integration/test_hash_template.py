@@ -15,6 +15,7 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app.dispatch.publisher import HashTemplate, Publisher, _hset_args, rq_job_id
 from dispatch_app.domains import all_domains
+from dispatch_app.rq_ids import SIGNATURE_FIELD, signature
 from dispatch_app.store.claim import Claimed
 from tests.integration.loop_kit import loop_settings
 
@@ -37,8 +38,12 @@ def test_the_template_writes_what_rqs_own_job_writes_for_every_domain(redis_conn
         queue = publisher.queue(domain.queue)
         for job_id, attempt in ((7, 1), (123_456_789, 3), (42, 12)):
             envelope = _envelope(domain, job_id, attempt)
-            ours = publisher.template(queue, envelope).fields_for(envelope)
-            rqs = _hset_args(publisher._job(queue, envelope, rq_job_id(job_id, attempt)))
+            rq_id = rq_job_id(job_id, attempt)
+            ours = publisher.template(queue, envelope).fields_for(envelope, rq_id)
+            rqs = _hset_args(publisher._job(queue, envelope, rq_id))
+            # Ours leads with the dispatcher's signature (rq_ids), which RQ's Job does not know; then RQ's fields.
+            assert ours[:2] == [SIGNATURE_FIELD, signature(rq_id, domain.task_path, domain.queue)]
+            ours = ours[2:]
             assert _without_clocks(ours) == _without_clocks(rqs), domain.key
             assert ours[::2] == rqs[::2], "the fields or their order differ"
             clocks = dict(zip(ours[::2], ours[1::2], strict=True))

@@ -22,6 +22,7 @@ from django.core.management import call_command
 from dispatch_app import rq_internals
 from dispatch_app.ops import board, queue_order, rqjobs, rqside
 from dispatch_app.outbox import submit
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import health
 from dispatch_app.worker.rqworker.evidence import HEARTBEAT_INTERVAL_FIELD, RECENT_FIELD
 from tests.factories import PAYLOADS
@@ -65,7 +66,7 @@ def test_the_forged_worker_is_read_with_what_can_be_read(redis_conn, forged_work
 
 def test_the_dashboard_dispatchstats_and_a_jobs_rq_side_render(redis_conn, forged_worker):
     job_id = submit("delivery", PAYLOADS["delivery"]).pk
-    redis_conn.hset(rq_internals.job_key(f"pf-{job_id}-1"), mapping={"status": b"\xff", "worker_name": NAME})
+    redis_conn.hset(rq_internals.job_key(rq_job_id(job_id, 1)), mapping={"status": b"\xff", "worker_name": NAME})
 
     data = board.build()
     assert data["domains"]["delivery"]["rq"] is not None

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 
 from dispatch_app import lanes
 from dispatch_app.ops import queue_order
+from dispatch_app.rq_ids import rq_job_id
 from tests.integration.opsdata import job
 
 JOBS = "/admin/dispatch_app/job/"
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 
 def push(redis_conn, lane_queue: str, *jobs):
-    redis_conn.rpush(f"rq:queue:{lane_queue}", *[f"pf-{j.pk}-{j.attempt}" for j in jobs])
+    redis_conn.rpush(f"rq:queue:{lane_queue}", *[rq_job_id(j.pk, j.attempt) for j in jobs])
 
 
 def listed(client, query: str) -> list[int]:
@@ -52,7 +53,7 @@ def test_a_stale_attempt_in_the_queue_gives_the_job_no_place(client, redis_conn)
     """A queue entry of an earlier attempt is not the job's: the worker's start refuses it."""
     moved_on = job("delivery", "queued", attempt=2, dispatched_ago=50)
     waiting = job("delivery", "queued", dispatched_ago=10)
-    redis_conn.rpush("rq:queue:delivery", f"pf-{moved_on.pk}-1", f"pf-{waiting.pk}-1")
+    redis_conn.rpush("rq:queue:delivery", rq_job_id(moved_on.pk, 1), rq_job_id(waiting.pk, 1))
     client.force_login(User.objects.create_superuser("op", password="pw"))
     assert listed(client, "stage=rq") == [waiting.pk, moved_on.pk]
 

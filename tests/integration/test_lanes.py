@@ -20,6 +20,7 @@ from dispatch_app import lanes, submit
 from dispatch_app.dispatch.publisher import redis_connection
 from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.recovery.round import Round
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import PipelineWorker
 from dispatch_app.worker.rqworker.fetch import Fetcher
 from tests.factories import PAYLOADS
@@ -56,7 +57,7 @@ def lost_and_recovered(count: int, provider) -> list[Job]:
     jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(count)]
     dispatch_now()
     for job in jobs:
-        RQJob.fetch(f"pf-{job.pk}-1", connection=_conn()).delete()
+        RQJob.fetch(rq_job_id(job.pk, 1), connection=_conn()).delete()
     result = Round(policy("delivery"), redis=_conn(), provider=provider).run_once()
     assert result.redispatched == count, result
     dispatch_now()
@@ -76,8 +77,8 @@ def test_recovery_sends_into_the_recovery_lane_and_new_work_into_the_queue(redis
     assert DispatchEnvelope.objects.get(job=fresh).queue == "delivery"
     new_lane = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
     late_lane = Queue(RECOVERY, connection=redis_conn, serializer=JSONSerializer)
-    assert new_lane.job_ids == [f"pf-{fresh.pk}-1"]
-    assert late_lane.job_ids == [f"pf-{job.pk}-2" for job in recovered]
+    assert new_lane.job_ids == [rq_job_id(fresh.pk, 1)]
+    assert late_lane.job_ids == [rq_job_id(job.pk, 2) for job in recovered]
 
 
 def enqueue_raw(redis_conn, queue: str, ids: list[str]) -> None:

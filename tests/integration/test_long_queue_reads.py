@@ -15,6 +15,7 @@ from dispatch_app.models import Job, JobEvent
 from dispatch_app.ops import rqjobs
 from dispatch_app.recovery.evidence import rq_job
 from dispatch_app.recovery.round import Round
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.tuning import RQ_LIST_READ_MAX
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
@@ -38,9 +39,9 @@ def behind_a_backlog(redis_conn) -> tuple[Job, Job]:
     redis_conn.lpush(QUEUE_KEY, *[f"backlog-{n}" for n in range(AHEAD)])
     near = submit("delivery", PAYLOADS["delivery"])
     dispatch_now()
-    redis_conn.lrem(QUEUE_KEY, 1, f"pf-{near.pk}-1")
-    redis_conn.lpush(QUEUE_KEY, f"pf-{near.pk}-1")
-    assert redis_conn.lpos(QUEUE_KEY, f"pf-{far.pk}-1") == AHEAD + 1
+    redis_conn.lrem(QUEUE_KEY, 1, rq_job_id(near.pk, 1))
+    redis_conn.lpush(QUEUE_KEY, rq_job_id(near.pk, 1))
+    assert redis_conn.lpos(QUEUE_KEY, rq_job_id(far.pk, 1)) == AHEAD + 1
     return near, far
 
 
@@ -64,7 +65,7 @@ def test_recovery_leaves_a_job_past_the_read_head_alone_and_says_it_did_not_look
 
 def test_a_popped_job_is_still_told_from_a_waiting_one_once_the_backlog_is_short_again(redis_conn):
     near, far = behind_a_backlog(redis_conn)
-    redis_conn.lrem(QUEUE_KEY, 1, f"pf-{far.pk}-1")  # as a worker's BLPOP that died before its take
+    redis_conn.lrem(QUEUE_KEY, 1, rq_job_id(far.pk, 1))  # as a worker's BLPOP that died before its take
     assert rq_job(far.pk, 1, redis_conn).listed is None  # not known while the backlog is long
     redis_conn.ltrim(QUEUE_KEY, 0, RQ_LIST_READ_MAX - 1)
     assert rq_job(far.pk, 1, redis_conn).listed is False
@@ -103,11 +104,11 @@ def test_a_worker_settling_a_lost_take_behind_a_backlog_looks_at_the_head_only(r
     queue = Queue("delivery", connection=redis_conn, serializer=JSONSerializer)
     fetcher = Fetcher(redis_conn, [queue], RQJob, JSONSerializer, "settler")
     # Still at the head (the take never ran): nothing to do.
-    assert fetcher.settle((0, f"pf-{near.pk}-1", False), None) == ("listed", None)
+    assert fetcher.settle((0, rq_job_id(near.pk, 1), False), None) == ("listed", None)
     # Not looked for that far back: taken for popped and put back at the head, where the next take finds it (a
     # second entry further back would be refused by the database's start; a popped id is in no list at all).
-    assert fetcher.settle((0, f"pf-{far.pk}-1", False), None) == ("requeued", None)
-    assert redis_conn.lindex(QUEUE_KEY, 0) == f"pf-{far.pk}-1".encode()
+    assert fetcher.settle((0, rq_job_id(far.pk, 1), False), None) == ("requeued", None)
+    assert redis_conn.lindex(QUEUE_KEY, 0) == rq_job_id(far.pk, 1).encode()
 
 
 def test_a_page_reads_each_lane_once_whatever_its_size_and_an_id_listed_twice_keeps_its_first_place(redis_conn):
@@ -115,7 +116,7 @@ def test_a_page_reads_each_lane_once_whatever_its_size_and_an_id_listed_twice_ke
 
     jobs = [submit("delivery", PAYLOADS["delivery"]) for _ in range(30)]
     dispatch_now()
-    redis_conn.lpush(QUEUE_KEY, f"pf-{jobs[5].pk}-1")  # anyone may push any id: listed twice now
+    redis_conn.lpush(QUEUE_KEY, rq_job_id(jobs[5].pk, 1))  # anyone may push any id: listed twice now
 
     def calls(command: str) -> int:
         return redis_conn.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)

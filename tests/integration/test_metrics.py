@@ -15,6 +15,7 @@ from dispatch_app.models import RecoveryRound
 from dispatch_app.ops.metrics import DispatchMetrics, serve
 from dispatch_app.ops.wiring import FanOut
 from dispatch_app.outbox import submit
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.runtime.runner import LoopRunner
 from dispatch_app.runtime.wake import Wake
 from tests.factories import PAYLOADS
@@ -173,7 +174,7 @@ def test_outcomes_rq_waits_rq_side_and_pauses_are_exported(redis_conn):
     actions.pause_domain("delivery")
     queue = Queue("workflow", connection=redis_conn, serializer=JSONSerializer)
     for i in (1, 2):
-        queue.enqueue("dispatch_app.worker.execute", "workflow", i, 1, job_id=f"pf-{900 + i}-1")
+        queue.enqueue("dispatch_app.worker.execute", "workflow", i, 1, job_id=rq_job_id(900 + i, 1))
 
     def scrape():
         out = {}

@@ -15,6 +15,7 @@ from rq.serializers import JSONSerializer
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
 from dispatch_app.ops import actions, board, rqjobs
 from dispatch_app.outbox import submit
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.store.claim import claim_batch
 from tests.factories import PAYLOADS
 from tests.integration.opsdata import envelope, job, sql
@@ -35,7 +36,7 @@ def staff(username="operator", *perms: str) -> User:
 
 def enqueue(redis_conn, queue: str, job_id: int, attempt: int = 1):
     q = Queue(queue, connection=redis_conn, serializer=JSONSerializer)
-    return q.enqueue("dispatch_app.worker.execute", queue, job_id, attempt, job_id=f"pf-{job_id}-{attempt}")
+    return q.enqueue("dispatch_app.worker.execute", queue, job_id, attempt, job_id=rq_job_id(job_id, attempt))
 
 
 def worker(redis_conn, *queues: str, name: str) -> SimpleWorker:

@@ -14,6 +14,7 @@ from dispatch_app.models import DispatchEnvelope, Job, RecoveryRound
 from dispatch_app.providers import LocalProvider, set_provider
 from dispatch_app.recovery.loop import RecoveryLoop
 from dispatch_app.recovery.round import Round, RoundSignals
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.runtime.assembly import add_recovery_loops
 from dispatch_app.runtime.runner import LoopRunner
 from dispatch_app.runtime.supervisor import Supervisor
@@ -209,7 +210,7 @@ def test_a_stale_job_left_alone_does_not_hold_the_front_of_the_batch(redis_conn)
     worker.register_birth()
     mark_rq_started(redis_conn, running.pk, 1, "busy-agent")
     Job.objects.filter(pk=lost.pk).update(status="queued")  # after the running one in updated_at order
-    redis_conn.delete(f"rq:job:pf-{lost.pk}-1")
+    redis_conn.delete(f"rq:job:{rq_job_id(lost.pk, 1)}")
     narrow = policy("agent", BATCH_SIZE=1, RUNNING_STALE_SECONDS=0)
 
     first = Round(narrow, redis=redis_conn).run_once()

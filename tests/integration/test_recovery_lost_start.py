@@ -19,6 +19,7 @@ from rq.utils import utcformat
 from dispatch_app import submit
 from dispatch_app.models import Job, JobEvent
 from dispatch_app.recovery.round import Round
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import PipelineWorker
 from dispatch_app.worker.rqworker.fetch import Fetcher
 from tests.factories import PAYLOADS
@@ -60,7 +61,7 @@ def test_a_start_lost_on_a_live_worker_is_redispatched_once_the_worker_has_lived
 ):
     job = submit("delivery", PAYLOADS["delivery"])
     dispatch_now()
-    worker, rq_job = lose_the_start(redis_conn, f"pf-{job.pk}-1")
+    worker, rq_job = lose_the_start(redis_conn, rq_job_id(job.pk, 1))
     assert rq_job.get_status() == "started" and rq_job.worker_name == "lost-reply"
     age_jobs([job.pk], 600)  # queued in PostgreSQL for 10 minutes: a candidate
     delivery = policy("delivery", QUEUED_STALE_SECONDS=60)
@@ -97,7 +98,7 @@ def test_a_job_popped_by_a_worker_that_never_took_it_is_redispatched_and_a_liste
     queues = [Queue(name, connection=redis_conn, serializer=JSONSerializer) for name in ("delivery", "workflow")]
     fetcher = Fetcher(redis_conn, queues, RQJob, JSONSerializer, "died-after-pop")
     popped = fetcher.wait(1)
-    assert popped is not None and popped[1] == f"pf-{popped_job.pk}-1"
+    assert popped is not None and popped[1] == rq_job_id(popped_job.pk, 1)
     waiting_job = submit("delivery", PAYLOADS["delivery"])
     dispatch_now()  # in its queue: waiting for a worker
     age_jobs([popped_job.pk, waiting_job.pk], 600)

@@ -22,6 +22,7 @@ from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.recovery.evidence import rq_job_status
 from dispatch_app.recovery.policy import resolve
 from dispatch_app.recovery.round import Round
+from dispatch_app.rq_ids import rq_job_id
 from tests.factories import PAYLOADS
 from tests.integration import provider_kit
 from tests.integration.loop_kit import loop_settings
@@ -148,8 +149,8 @@ def test_the_rq_side_reads_each_queue_on_its_server_and_one_down_hides_only_its_
     from dispatch_app.worker.rqworker import health
 
     up, down = two_redis
-    up.client().rpush("rq:queue:delivery", "pf-1-1", "pf-2-1")
-    down.client().rpush("rq:queue:workflow", "pf-3-1")
+    up.client().rpush("rq:queue:delivery", rq_job_id(1, 1), rq_job_id(2, 1))
+    down.client().rpush("rq:queue:workflow", rq_job_id(3, 1))
     snap = rqside.snapshot()
     assert snap["error"] == ""
     assert (snap["domains"]["delivery"]["depth"], snap["domains"]["workflow"]["depth"]) == (2, 1)

@@ -3,7 +3,8 @@ if PostgreSQL says the dispatcher sent it (or may be sending it), it is due, its
 the entry point that runs it is its domain's.
 
 Real PostgreSQL and Redis, a real PipelineWorker: each forged job passes admission (the dispatcher's
-function, call, id and queue) and is stopped by the start, with a JobEvent saying why.
+function, call, id, queue and signature: the worst case, a signature copied or a key leaked) and is stopped by
+the start, with a JobEvent saying why.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app import submit
 from dispatch_app.models import DispatchEnvelope, DomainPause, Job, JobEvent
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.store import transitions
 from dispatch_app.store.claim import claim_batch
 from dispatch_app.worker.rqworker import PipelineWorker
 from tests.factories import PAYLOADS
+from tests.helpers import sign_rq_job
 from tests.integration import provider_kit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,9 +35,10 @@ def provider(tmp_path):
 
 
 def forge_and_run(redis_conn, queue: str, entry: str, job: Job) -> None:
-    Queue(queue, connection=redis_conn, serializer=JSONSerializer).enqueue(
-        entry, job.pk, job.attempt, job_id=f"pf-{job.pk}-{job.attempt}"
+    forged = Queue(queue, connection=redis_conn, serializer=JSONSerializer).enqueue(
+        entry, job.pk, job.attempt, job_id=rq_job_id(job.pk, job.attempt)
     )
+    sign_rq_job(redis_conn, forged)  # admission passed, as by a copied signature: the start is what stops it
     PipelineWorker([Queue(queue, connection=redis_conn, serializer=JSONSerializer)], connection=redis_conn).work(
         burst=True
     )

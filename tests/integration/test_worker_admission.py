@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 from dispatch_app import submit
 from dispatch_app.models import Job
 from dispatch_app.ops import board
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import PipelineWorker, admission
 from tests.canary import CANARY_ENV
 from tests.factories import PAYLOADS
@@ -66,7 +67,7 @@ def test_forged_jobs_of_every_kind_run_nothing_and_the_real_job_runs_once(redis_
             "dispatch_app.run.delivery",
             scheduled.pk,
             7,
-            job_id=f"pf-{scheduled.pk}-7",
+            job_id=rq_job_id(scheduled.pk, 7),
             on_success=Callback(CANARY),
             on_failure=Callback(CANARY),
         ),
@@ -76,10 +77,10 @@ def test_forged_jobs_of_every_kind_run_nothing_and_the_real_job_runs_once(redis_
             redis_conn, "delivery", "dispatch_app.run.delivery", scheduled.pk, 1, job_id=f"pf-0{scheduled.pk}-1"
         ),
         "bool args": forge(
-            redis_conn, "delivery", "dispatch_app.run.delivery", True, 1, job_id=f"pf-{scheduled.pk}-13"
+            redis_conn, "delivery", "dispatch_app.run.delivery", True, 1, job_id=rq_job_id(scheduled.pk, 13)
         ),
         "other domain's entry": forge(
-            redis_conn, "delivery", "dispatch_app.run.image_series", scheduled.pk, 8, job_id=f"pf-{scheduled.pk}-8"
+            redis_conn, "delivery", "dispatch_app.run.image_series", scheduled.pk, 8, job_id=rq_job_id(scheduled.pk, 8)
         ),
         "lane of another queue": forge(
             redis_conn,
@@ -87,7 +88,7 @@ def test_forged_jobs_of_every_kind_run_nothing_and_the_real_job_runs_once(redis_
             "dispatch_app.run.delivery",
             scheduled.pk,
             9,
-            job_id=f"pf-{scheduled.pk}-9",
+            job_id=rq_job_id(scheduled.pk, 9),
         ),
         "retries": forge(
             redis_conn,
@@ -95,7 +96,7 @@ def test_forged_jobs_of_every_kind_run_nothing_and_the_real_job_runs_once(redis_
             "dispatch_app.run.delivery",
             scheduled.pk,
             10,
-            job_id=f"pf-{scheduled.pk}-10",
+            job_id=rq_job_id(scheduled.pk, 10),
             retry=Retry(max=3),
         ),
         "repeats": forge(
@@ -104,8 +105,20 @@ def test_forged_jobs_of_every_kind_run_nothing_and_the_real_job_runs_once(redis_
             "dispatch_app.run.delivery",
             scheduled.pk,
             11,
-            job_id=f"pf-{scheduled.pk}-11",
+            job_id=rq_job_id(scheduled.pk, 11),
             repeat=Repeat(times=2),
+        ),
+        # Exactly the dispatcher's call, id and queue, but a hash it did not write: no signature (rq_ids).
+        "unsigned": forge(
+            redis_conn, "delivery", "dispatch_app.run.delivery", scheduled.pk, 14, job_id=rq_job_id(scheduled.pk, 14)
+        ),
+        "another deployment's id": forge(
+            redis_conn,
+            "delivery",
+            "dispatch_app.run.delivery",
+            scheduled.pk,
+            15,
+            job_id=rq_job_id(scheduled.pk, 15, ns="otherdeployment"),
         ),
         "dependency": forge(
             redis_conn,
@@ -113,7 +126,7 @@ def test_forged_jobs_of_every_kind_run_nothing_and_the_real_job_runs_once(redis_
             "dispatch_app.run.delivery",
             scheduled.pk,
             12,
-            job_id=f"pf-{scheduled.pk}-12",
+            job_id=rq_job_id(scheduled.pk, 12),
             depends_on=["pf-no-such"],
         ),
     }

@@ -17,9 +17,11 @@ from rq.serializers import JSONSerializer
 
 from dispatch_app import submit
 from dispatch_app.models import Job as JobModel
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import PipelineWorker
 from dispatch_app.worker.rqworker.fetch import Fetcher
 from tests.factories import PAYLOADS
+from tests.helpers import sign_rq_job
 from tests.integration import provider_kit
 
 
@@ -60,7 +62,8 @@ def arrive_during_the_wait(worker, monkeypatch, queue, job_id, func="builtins.le
     wait = worker._fetcher.wait
 
     def wait_and_arrive(timeout):
-        queue.enqueue(func, *args, job_id=job_id, **options)
+        arrived = queue.enqueue(func, *args, job_id=job_id, **options)
+        sign_rq_job(queue.connection, arrived)  # as the dispatcher writes it (the worker runs nothing else)
         return wait(timeout)
 
     monkeypatch.setattr(worker._fetcher, "wait", wait_and_arrive)
@@ -70,7 +73,7 @@ def arrive_during_the_wait(worker, monkeypatch, queue, job_id, func="builtins.le
 def test_a_start_written_before_the_reply_was_lost_is_run_by_the_worker(redis_conn, monkeypatch, provider):
     # The project's own job (the worker runs nothing else: rqworker.admission).
     submitted = submit("delivery", PAYLOADS["delivery"])
-    rq_id = f"pf-{submitted.pk}-1"
+    rq_id = rq_job_id(submitted.pk, 1)
     worker, [queue] = make_worker(redis_conn)
     worker._timeouts["delivery"] = 600  # the take writes the start
     arrive_during_the_wait(

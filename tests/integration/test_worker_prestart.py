@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 from dispatch_app import submit
 from dispatch_app.models import Job, JobAttempt, JobEvent
 from dispatch_app.recovery.round import Round
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker import start_protocol as prestart
 from dispatch_app.worker.rqworker import PipelineWorker
 from dispatch_app.worker.rqworker.fetch import Fetcher, PendingTake
@@ -71,7 +72,7 @@ def test_the_start_is_made_while_the_take_is_in_flight_and_the_job_runs_on_it(id
 
     taken = idle_worker._next(1, False)
 
-    assert taken.job.id == f"pf-{job.pk}-1"
+    assert taken.job.id == rq_job_id(job.pk, 1)
     assert steps == ["start in PostgreSQL", "take's reply read"]
     assert row(job) == ("running", 1, True)
     assert history(job) == (True, "prestart")
@@ -107,15 +108,19 @@ def test_a_job_whose_hash_is_gone_at_the_take_has_its_start_withdrawn(idle_worke
 def test_a_job_that_cannot_be_deserialised_has_its_start_withdrawn(idle_worker, redis_conn):
     job = submit("delivery", PAYLOADS["delivery"])
     # Not the dispatcher's JSON: pickled under the dispatcher's id for this attempt.
-    Queue("delivery", connection=redis_conn).enqueue("dispatch_app.run.delivery", job.pk, 1, job_id=f"pf-{job.pk}-1")
+    Queue("delivery", connection=redis_conn).enqueue(
+        "dispatch_app.run.delivery", job.pk, 1, job_id=rq_job_id(job.pk, 1)
+    )
 
     taken = idle_worker._next(1, False)
     assert row(job) == ("running", 1, True)
     idle_worker._run(taken)
 
-    assert row(job) == ("queued", 1, False)
+    # Back where it was: the dispatcher never sent it, so it is `submitted`, with no dispatch time (issue 56).
+    assert row(job) == ("submitted", 1, False)
+    assert Job.objects.get(pk=job.pk).dispatched_at is None
     assert "could not be deserialised" in JobEvent.objects.get(job=job, kind="start_withdrawn").reason
-    assert FailedJobRegistry("delivery", connection=redis_conn).get_job_ids() == [f"pf-{job.pk}-1"]
+    assert FailedJobRegistry("delivery", connection=redis_conn).get_job_ids() == [rq_job_id(job.pk, 1)]
 
 
 def test_a_take_whose_reply_is_lost_and_whose_job_went_back_has_its_start_withdrawn(
@@ -154,7 +159,7 @@ def test_recovery_redispatches_a_running_job_whose_rq_job_no_worker_ever_started
     for job in (never, ran):
         start_like_a_worker(job)
     # ``ran`` did start on a worker that then died: RQ's maintenance failed it and someone requeued it.
-    rq_ran = RQJob.fetch(f"pf-{ran.pk}-1", connection=redis_conn, serializer=JSONSerializer)
+    rq_ran = RQJob.fetch(rq_job_id(ran.pk, 1), connection=redis_conn, serializer=JSONSerializer)
     rq_ran.worker_name = "died-mid-job"
     rq_ran.save()
     age_jobs([never.pk, ran.pk], 7200)
@@ -184,7 +189,7 @@ def test_a_start_ahead_of_the_take_that_fails_leaves_the_start_to_the_job(idle_w
     monkeypatch.setattr(transitions, "start", down)
     with caplog.at_level(logging.WARNING, logger="dispatch_app.rqworker"):
         taken = idle_worker._next(1, False)
-    assert taken.job.id == f"pf-{job.pk}-1"  # the take's reply was still read
+    assert taken.job.id == rq_job_id(job.pk, 1)  # the take's reply was still read
     assert row(job) == ("queued", 1, False)
     assert [r.action for r in caplog.records if getattr(r, "action", "")] == ["worker_prestart_failed"]
     monkeypatch.undo()
@@ -205,3 +210,18 @@ def test_a_take_that_cannot_be_sent_makes_no_start(idle_worker, monkeypatch):
         idle_worker._next(1, False)
     assert row(job) == ("queued", 1, False)  # Redis is down: nothing started in PostgreSQL either
     assert idle_worker._held is None and idle_worker._in_doubt is not None
+
+
+def test_an_id_pushed_with_no_hash_behind_it_leaves_the_job_as_it_was(idle_worker, redis_conn, provider):
+    job = submit("delivery", PAYLOADS["delivery"])  # due, its envelope pending: the start's gate lets it start
+    redis_conn.rpush("rq:queue:delivery", rq_job_id(job.pk, 1))  # anyone can push an id
+
+    assert idle_worker._next(1, False) is None  # the start made ahead of the take, then the take found no hash
+
+    assert row(job) == ("submitted", 1, False)
+    assert Job.objects.get(pk=job.pk).dispatched_at is None  # no dispatch that never happened
+    assert history(job) == (False, "")
+    dispatch_now()  # the dispatcher sends it as any other, the same attempt: recovery has nothing to spend
+    assert row(job) == ("queued", 1, False)
+    idle_worker._run(idle_worker._next(1, False))
+    assert row(job) == ("succeeded", 1, True) and provider.deliveries == 1

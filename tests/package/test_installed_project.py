@@ -165,6 +165,8 @@ def build(tmp: Path, env: dict) -> Path:
     assert tops == {"dispatch_app"}, tops  # no productflow/, examples/, bench/, tests/
     assert "dispatch_app/templates/admin/dispatch_app/dashboard.html" in names
     assert "dispatch_app/migrations/0001_initial.py" in names
+    # The commands that refuse the project's queues in django-rq's place ship with the app, hyphen and all.
+    assert {f"dispatch_app/management/commands/{c}.py" for c in ("rqworker", "rqworker-pool")} <= set(names)
     assert not [n for n in names if "/management/commands/" in n and n.rsplit("/", 1)[1] in DEMO_COMMANDS]
     with tarfile.open(sdist) as archive:
         assert not [n for n in archive.getnames() if re.search(r"/(productflow|examples|bench|tests)/", n)]
@@ -258,6 +260,11 @@ def test_the_wheel_in_a_new_project_runs_a_task_enqueued_in_a_views_transaction(
     (project / "mysite/urls.py").write_text(PROJECT_URLS)
 
     run([python, "manage.py", "migrate", "--noinput"], cwd=project, env=env)
+    # The README's INSTALLED_APPS puts dispatch_app first: `rqworker` is the app's, which refuses a project queue.
+    refused = subprocess.run(
+        [python, "manage.py", "rqworker", "thumbnails", "--burst"], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "'manage.py runworkers'" in refused.stderr, refused.stdout + refused.stderr
     port = free_port()
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("web", "dispatcher", "workers")}  # noqa: SIM115
     commands = {

@@ -4,6 +4,8 @@ arguments are refused whole, or stored as a job the task entry point then runs w
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from datetime import timedelta
 
 import pytest
@@ -50,6 +52,32 @@ def test_bad_arguments_are_a_validation_error_and_nothing_is_written(args, kwarg
         sample.echo.enqueue(*args, **kwargs)
     assert isinstance(caught.value, InvalidTask)
     assert message in " ".join(caught.value.messages)
+    assert counts() == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (([1] * 25_000_000,), {}, "args: 25000000 items; at least"),
+        ((range(10**12),), {}, "args: 1000000000000 items"),  # normalize_json would copy it item by item
+        ((), {"blob": "x" * 50_000_000}, "kwargs: a str of length 50000000"),
+        ((), {"blob": b"x" * 50_000_000}, "kwargs: a bytes of length 50000000"),
+        ((["x" * 1_000_000] * 50,), {}, "args: a str of length 1000000"),
+    ],
+    ids=["25M-ints", "range", "long-str", "long-bytes", "repeated-str"],
+)
+def test_oversized_arguments_are_refused_on_their_size_in_bounded_memory(args, kwargs, message):
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValidationError) as caught:
+            sample.echo.enqueue(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(caught.value, InvalidTask) and caught.value.code == "payload_too_large"
+    assert message in caught.value.messages[0] and "over the limit of 65536" in caught.value.messages[0]
+    assert peak < 1_000_000, f"refusing took {peak / 1e6:.1f} MB"  # the walk's stack, not the arguments' size
     assert counts() == (0, 0)
 
 

@@ -36,6 +36,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dispatch_app.liveness",
             "dispatch_app.redis_servers",
             "dispatch_app.rq_internals",
+            "dispatch_app.deployment",
+            "dispatch_app.rq_ids",
             "dispatch_app.runtime.wake",
             "dispatch_app.runtime.gcfreeze",
         ),
@@ -79,6 +81,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "dispatch_app",
             "dispatch_app.apps",
+            "dispatch_app.mounting_checks",
             "dispatch_app.demo_payloads",
             "dispatch_app.runtime",
             "dispatch_app.runtime.*",

@@ -20,7 +20,11 @@ from tests.helpers import MANAGE, PYTHON, ROOT
 
 COMPOSE = ROOT / "docker" / "compose.yaml"
 ENV_EXAMPLE = ROOT / "docker" / "productflow.env.example"
-PLACES = {"DATABASE_URL": "postgresql://pf@db.example.invalid:5432/productflow", "REDIS_URL": "redis://r.invalid/0"}
+# With passwords: production refuses a server URL without one (tests/unit/test_production_refusals.py).
+PLACES = {
+    "DATABASE_URL": "postgresql://pf:pg-pw@db.example.invalid:5432/productflow",
+    "REDIS_URL": "redis://:redis-pw@r.invalid/0",
+}
 
 
 def run(env: dict, *args: str) -> subprocess.CompletedProcess:

@@ -1,14 +1,40 @@
-"""``manage.py dispatchstats [--json]``: the dashboard's numbers in the terminal (dispatch_app.ops.stats)."""
+"""``manage.py dispatchstats [--json]``: the dashboard's numbers in the terminal (dispatch_app.ops.stats).
+
+Every text it prints came from PostgreSQL or Redis (domain names, worker hashes, dispatcher names, errors), and
+anyone who can write a worker hash can write terminal escape sequences: the table shows control characters as
+escapes (``\\x1b``), never raw (``--json`` escapes them as JSON does).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 
 from django.core.management.base import BaseCommand
 
 import dispatch_app.ops.board as board
 from dispatch_app.models import ACTIVE_STATUSES
 from dispatch_app.ops.timeline import format_duration as fmt
+
+# C0 and C1 controls (ESC, BEL, CSI ...), DEL, and the line/paragraph separators and bidirectional overrides that
+# rearrange what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``, ``\\u202e``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
+def escaped(value):
+    """The snapshot with every string in it (keys too) made terminal-safe; numbers and times as they are."""
+    if isinstance(value, str):
+        return terminal_safe(value)
+    if isinstance(value, dict):
+        return {escaped(k): escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escaped(v) for v in value]
+    return value
 
 
 def _pcts(latency: dict) -> str:
@@ -193,5 +219,7 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(snap, indent=2, sort_keys=True))
         else:
+            # Before rendering: a value's newline must not start a line of its own either.
+            snap = escaped(snap)
             self.stdout.write(render(snap))
             self.stdout.write("\n".join(["", *health.render(snap["workers"])]))

@@ -19,6 +19,7 @@ from django.db import close_old_connections
 from dispatch_app.conf import dispatch_settings
 from dispatch_app.domains import domain_keys
 from dispatch_app.management.commands._args import SettingsErrorExit2
+from dispatch_app.management.commands._deployment import require_own_redis
 from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.runtime.default_logging import ensure_logging
 from dispatch_app.runtime.session_bounds import bound_sessions
@@ -61,6 +62,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         ensure_logging()
         bound_sessions()
         require_migrated()  # after the settings' own checks (exit code 2 needs no database)
+        require_own_redis(register=not options["dry_run"])  # another live deployment here: refused, naming both
 
         results = []
         for policy in policies:

@@ -27,6 +27,7 @@ from dispatch_app.management.commands._args import (
     positive_float,
     positive_int,
 )
+from dispatch_app.management.commands._deployment import require_own_redis
 from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.runtime.default_logging import ensure_logging
 from dispatch_app.runtime.session_bounds import bound_sessions
@@ -102,6 +103,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
         require_migrated()  # after the settings' own checks (exit code 2 needs no database)
+        require_own_redis()  # another live deployment on this Redis database: refused, naming both
 
         signals = {"count": 0}
         stopped = threading.Event()

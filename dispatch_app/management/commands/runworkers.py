@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatch_app.management.commands._args import niceness, positive_int
+from dispatch_app.management.commands._deployment import require_own_redis
 from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.runtime.default_logging import ensure_logging
 from dispatch_app.runtime.session_bounds import bound_sessions
@@ -60,4 +61,5 @@ class Command(BaseCommand):
         ensure_logging()
         bound_sessions()
         require_migrated()  # after the queues' own checks
+        require_own_redis(list(queues))  # another live deployment on this Redis database: refused, naming both
         run(plan)

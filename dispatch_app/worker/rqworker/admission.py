@@ -9,7 +9,10 @@ taken job with what ``dispatch.publisher`` writes:
 - its function is a declared domain's ``task_path`` (``dispatch_app.run.<key>``,
   the task backend's ``dispatch_app.tasks.run.entry.<queue>``, or a domain's own);
 - its call is ``(job_id, attempt)``: two positive integers, no instance, no kwargs;
-- its RQ id is ``publisher.rq_job_id(job_id, attempt)``;
+- its RQ id is ``rq_ids.rq_job_id(job_id, attempt)``: this deployment's namespace (or the form before namespaces,
+  while ``PRODUCTFLOW_LEGACY_RQ_IDS`` accepts it: jobs sent before an upgrade);
+- its hash carries the dispatcher's signature of that id, entry point and queue (``rq_ids.signed``; the legacy
+  form has none);
 - it was taken from a lane of that domain's queue (``lanes.queues``) and names that queue as its origin;
 - it carries no callbacks, dependencies, repeats, retries, webhooks or rate limit.
 
@@ -18,7 +21,7 @@ registry, when the take wrote its start) for RQ's failed registry, with the
 reason as its exc_info, for inspection. The first refusal of each kind in a
 process is logged at ERROR with the function path the job named, later ones one
 INFO line each (a flood of forged jobs must not become a flood of alerts). Each
-refusal is counted on its Redis server (``REFUSED_KEY``: the count, per kind, and
+refusal is counted on its Redis server (``refused_key()``: the count, per kind, and
 the last function path), where the dashboard's banner and the
 ``productflow_rq_jobs_refused`` metric read it (``totals``).
 
@@ -40,8 +43,9 @@ from rq.utils import now, utcformat
 
 import dispatch_app.lanes as lanes
 import dispatch_app.redis_servers as redis_servers
-from dispatch_app.dispatch.publisher import rq_job_id
+from dispatch_app.deployment import namespace
 from dispatch_app.domains import all_domains
+from dispatch_app.rq_ids import SIGNATURE_FIELD, legacy_accepted, legacy_rq_job_id, parse, rq_job_id, signed
 
 log = logging.getLogger("dispatch_app.rqworker")
 
@@ -49,8 +53,9 @@ log = logging.getLogger("dispatch_app.rqworker")
 # parsed (RQ decompresses ``data`` unbounded: a few KB of zlib can become hundreds of MB).
 MAX_DATA_BYTES = 4096
 MAX_HASH_BYTES = 64 * 1024
-# The refusals on one Redis server (a hash): count, kind:<kind> counts, last_func, last_kind, last_at.
-REFUSED_KEY = "productflow:refused"
+# The refusals on one Redis server (a hash, one per deployment: ``refused_key()``): count, kind:<kind> counts,
+# last_func, last_kind, last_at, resets.
+REFUSED_KEY = "productflow:{namespace}:refused"
 # The count (and the dashboard's banner) lasts this long after the last refusal; the refused jobs stay
 # in RQ's failed registry as long.
 REFUSED_TTL = 7 * 86_400
@@ -62,7 +67,9 @@ BAD_ARGUMENTS = "bad_arguments"  # not exactly (job_id, attempt)
 BAD_ID = "bad_id"  # the RQ id is not the one the dispatcher gives that (job, attempt)
 WRONG_QUEUE = "wrong_queue"  # taken from (or naming) a queue that is not a lane of the domain's queue
 EXTRAS = "extras"  # callbacks, dependencies, repeats, retries, webhooks, rate limit
-KINDS = (UNREADABLE, NOT_AN_ENTRY_POINT, BAD_ARGUMENTS, BAD_ID, WRONG_QUEUE, EXTRAS)
+UNSIGNED = "unsigned"  # no signature of this deployment's dispatcher: a hash it did not write
+KINDS = (UNREADABLE, NOT_AN_ENTRY_POINT, BAD_ARGUMENTS, BAD_ID, WRONG_QUEUE, EXTRAS, UNSIGNED)
+_SIGNATURE = SIGNATURE_FIELD.encode()
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ def restore(job, mapping: dict) -> str | None:
         job.restore(mapping)
     except Exception as exc:  # noqa: BLE001 - any error: the hash is not one RQ wrote for our publisher
         return f"job hash unreadable: {type(exc).__name__}: {str(exc)[:200]}"
+    job.pf_signature = mapping.get(_SIGNATURE)  # for ``check``: RQ's restore keeps no field it does not know
     return None
 
 
@@ -159,8 +167,9 @@ def check(job, queue: str, unreadable: str | None = None) -> Verdict:
         return Verdict(kind=BAD_ARGUMENTS, reason="the call is not (job_id, attempt)", func=shown)
     if not all(_is_positive_int(a) for a in args):
         return Verdict(kind=BAD_ARGUMENTS, reason=f"arguments {str(args)[:100]} are not two job numbers", func=shown)
-    if job.id != rq_job_id(*args):
-        return Verdict(kind=BAD_ID, reason=f"RQ id {job.id[:100]!r} is not {rq_job_id(*args)!r}", func=shown)
+    refused = _id_refused(job.id, args)
+    if refused:
+        return Verdict(kind=BAD_ID, reason=refused, func=shown)
     keys = tuple(d.key for d in named if queue in lanes.queues(d.queue))
     if not keys or job.origin != queue:
         return Verdict(
@@ -169,7 +178,20 @@ def check(job, queue: str, unreadable: str | None = None) -> Verdict:
     extras = _extras(job)
     if extras:
         return Verdict(kind=EXTRAS, reason=f"carries {', '.join(extras)}", func=shown)
+    if job.id != legacy_rq_job_id(*args) and not signed(job.id, func, queue, getattr(job, "pf_signature", None)):
+        return Verdict(kind=UNSIGNED, reason="no signature of this deployment's dispatcher", func=shown)
     return Verdict(admitted=keys, func=shown)
+
+
+def _id_refused(rq_id: str, args: list) -> str | None:
+    """Why ``rq_id`` is not the id the dispatcher gives (job, attempt) ``args``, or None."""
+    if rq_id == rq_job_id(*args) or (legacy_accepted() and rq_id == legacy_rq_job_id(*args)):
+        return None
+    parsed = parse(rq_id)
+    if parsed is not None and parsed.namespace not in (None, namespace()):
+        theirs = parsed.namespace
+        return f"RQ id {rq_id[:100]!r} is another deployment's (namespace {theirs!r}, this is {namespace()!r})"
+    return f"RQ id {rq_id[:100]!r} is not {rq_job_id(*args)!r}"
 
 
 _told: set[str] = set()  # kinds already logged at ERROR in this process
@@ -183,20 +205,26 @@ def malformed_id(raw: bytes) -> bool:
     return _RQ_ID.fullmatch(raw) is None
 
 
-def drop_malformed(worker_name: str, conn: redis.Redis, queue: str, intermediate: str | None, ids: list) -> None:
-    """Ids no RQ job can have, taken from ``queue``: out of its intermediate list (None: popped, already gone),
-    logged and counted as refused (``bad_id``), nothing else read or written for them."""
-    verdict = Verdict(kind=BAD_ID, reason="not an RQ job id", func="(none: malformed RQ id)")
+def drop_malformed(
+    worker_name: str, conn: redis.Redis, queue: str, intermediate: str | None, ids: list, verdict: Verdict | None = None
+) -> None:
+    """Ids no RQ job can have (or, given ``verdict``, why else nothing of them can be read), taken from ``queue``:
+    out of its intermediate list (None: popped, already gone), logged and counted as refused (``bad_id`` unless
+    ``verdict`` says otherwise), nothing else read or written for them."""
+    verdict = verdict or Verdict(kind=BAD_ID, reason="not an RQ job id", func="(none: malformed RQ id)")
     with conn.pipeline() as pipe:
+        logged = []
         for raw in ids:
             if intermediate is not None:
                 pipe.lrem(intermediate, 1, raw)
-            _count(pipe, verdict, now())
-        pipe.execute()
-    message = "worker %s: id %s taken from %s refused: not an RQ job id (bad_id), nothing of it read or run"
+            logged.append(_count(pipe, verdict, now()))
+        replies = pipe.execute()
+    for log_reset in logged:
+        log_reset(replies)
+    message = "worker %s: id %s taken from %s refused: %s (%s), nothing of it read or run"
     for raw in ids:
         shown = repr(raw[:100])
-        _log_refusal(BAD_ID, queue, shown, message, worker_name, shown, queue)
+        _log_refusal(verdict.kind, queue, shown, message, worker_name, shown, queue, verdict.reason, verdict.kind)
 
 
 def _log_refusal(kind: str, queue: str, job_id: str, message: str, *args) -> None:
@@ -242,36 +270,99 @@ def refuse(worker, taken, verdict: Verdict) -> None:
             # As before admission: a worker fed jobs it cannot read shows as failing them (the health view's
             # "misconfigured worker: serializer?"). Other refusals are someone else's writes, not this worker's.
             worker.increment_failed_job_count(pipe)
-        _count(pipe, verdict, at)
+        log_reset = _count(pipe, verdict, at)
         worker._write_fields(pipe)
-        pipe.execute()
+        log_reset(pipe.execute())
 
 
-def _count(pipe, verdict: Verdict, at) -> None:
-    pipe.hincrby(REFUSED_KEY, "count", 1)
-    pipe.hincrby(REFUSED_KEY, f"kind:{verdict.kind}", 1)
-    pipe.hset(REFUSED_KEY, mapping={"last_func": verdict.func, "last_kind": verdict.kind, "last_at": utcformat(at)})
-    pipe.expire(REFUSED_KEY, REFUSED_TTL)
+def refused_key() -> str:
+    """This deployment's refusal counter (dispatch_app.deployment): another's on the same server is not ours."""
+    return REFUSED_KEY.format(namespace=namespace())
+
+
+def _count(pipe, verdict: Verdict, at):
+    """The refusal counted into ``pipe``, whatever ``REFUSED_KEY`` holds; returns what logs a reset, given the
+    pipeline's replies.
+
+    Anyone on Redis's network can write that key: a string or a list there, or a count that is no number
+    (``HSET productflow:refused count x``), made the refusal's HINCRBY fail and, uncaught, ended the worker.
+    One script call puts it right first (a key of another type deleted, a count that is not 1-18 digits
+    removed, each reset counted in ``resets``), then counts: the refusal itself is never held up by it.
+    """
+    script = """
+    local reset = {}
+    local kind = redis.call('TYPE', KEYS[1])['ok']
+    if kind ~= 'hash' and kind ~= 'none' then
+      redis.call('DEL', KEYS[1])
+      table.insert(reset, 'the key held a ' .. kind)
+    end
+    for _, field in ipairs({'count', ARGV[1], 'resets'}) do
+      if redis.call('HEXISTS', KEYS[1], field) == 1 and (redis.call('HSTRLEN', KEYS[1], field) > 18
+          or not string.match(redis.call('HGET', KEYS[1], field), '^%d+$')) then
+        redis.call('HDEL', KEYS[1], field)
+        table.insert(reset, field .. ' was no count')
+      end
+    end
+    redis.call('HINCRBY', KEYS[1], 'count', 1)
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    if #reset > 0 then redis.call('HINCRBY', KEYS[1], 'resets', 1) end
+    redis.call('HSET', KEYS[1], 'last_func', ARGV[2], 'last_kind', ARGV[3], 'last_at', ARGV[4])
+    redis.call('EXPIRE', KEYS[1], ARGV[5])
+    return table.concat(reset, '; ')
+    """
+    index = len(pipe)
+    pipe.eval(script, 1, refused_key(), f"kind:{verdict.kind}", verdict.func, verdict.kind, utcformat(at), REFUSED_TTL)
+
+    def log_reset(replies: list) -> None:
+        reset = replies[index]
+        if not reset:
+            return
+        first = "refused_counter_reset" not in _told
+        _told.add("refused_counter_reset")
+        (log.warning if first else log.info)(
+            "the refusal counter %s held junk (%s): reset and counted (resets), the refusal counted on it",
+            refused_key(),
+            reset.decode(errors="replace") if isinstance(reset, bytes) else reset,
+            extra={"action": "refused_counter_reset", "domain": "worker"},
+        )
+
+    return log_reset
 
 
 def totals(conn: redis.Redis | None = None) -> dict:
     """Refusals over every server the declared queues live on (``conn``: that one only).
 
-    {"count", "kinds": {kind: n}, "last_func", "last_kind", "last_at", "error"}; never raises for Redis trouble.
+    {"count", "kinds": {kind: n}, "resets", "last_func", "last_kind", "last_at", "error"}; never raises for Redis
+    trouble. Only the fields the counter writes are read (a hash swollen with junk fields costs nothing), a value
+    that is no count reads as 0, and a key of another type as no refusals (the next refusal resets it).
     """
     servers = [conn] if conn is not None else None
     if servers is None:
         urls = redis_servers.by_server(dict.fromkeys(d.queue for d in all_domains()))
         servers = [redis_servers.connection(url) for url in urls]
-    out = {"count": 0, "kinds": {}, "last_func": "", "last_kind": "", "last_at": "", "error": ""}
+    out = {"count": 0, "kinds": {}, "resets": 0, "last_func": "", "last_kind": "", "last_at": "", "error": ""}
+    names = ["count", "resets", "last_func", "last_kind", "last_at", *(f"kind:{kind}" for kind in KINDS)]
+    key = refused_key()
     for server in servers:
         try:
-            raw = server.hgetall(REFUSED_KEY)
+            raw = server.hmget(key, names)
+        except redis.ResponseError as exc:  # WRONGTYPE: junk anyone may write; the next refusal resets it
+            out["error"] = f"{key} is not a hash ({str(exc)[:200]}); the next refusal resets it"
+            log.warning(
+                "the refusal counter %s holds junk (%s); read as no refusals until the next refusal resets it",
+                key,
+                str(exc)[:200],
+                extra={"action": "refused_counter_unreadable", "domain": "worker"},
+            )
+            continue
         except redis.RedisError as exc:
             out["error"] = f"{type(exc).__name__}: {exc}"
             continue
-        fields = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
+        fields = {
+            n: v.decode(errors="replace")[:FUNC_SHOWN_MAX] for n, v in zip(names, raw, strict=True) if v is not None
+        }
         out["count"] += _int(fields.get("count"))
+        out["resets"] += _int(fields.get("resets"))
         for name, value in fields.items():
             if name.startswith("kind:"):
                 out["kinds"][name[5:]] = out["kinds"].get(name[5:], 0) + _int(value)
@@ -282,7 +373,6 @@ def totals(conn: redis.Redis | None = None) -> dict:
 
 
 def _int(value) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
+    """A count as the counter writes it (1-18 digits); anything else (junk anyone may write) is 0."""
+    text = value.strip() if isinstance(value, str) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else 0

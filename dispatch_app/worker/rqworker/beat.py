@@ -22,7 +22,9 @@ import threading
 import redis
 from rq.utils import now, utcformat
 
+import dispatch_app.deployment as deployment
 import dispatch_app.liveness as liveness
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.tuning import MIN_TTL_SECONDS, TTL_PERIODS
 
 log = logging.getLogger("dispatch_app.rqworker")
@@ -64,6 +66,9 @@ class Heartbeat(threading.Thread):
                 )
             self._failing = True
             return False
+        except redis.ResponseError as exc:  # its hash made a string, a counter made junk: reset, registered again
+            self._reset_junk(exc)
+            return False
         except Exception:  # a bug here must not end the beat: the worker would look dead
             log.exception(
                 "worker %s: heartbeat error",
@@ -80,6 +85,23 @@ class Heartbeat(threading.Thread):
         self._failing = False
         return True
 
+    def _reset_junk(self, exc: Exception) -> None:
+        """Junk in its keys (anyone on Redis's network may write it): the keys it writes put right, then its hash
+        and registry entries written whole again, so the dashboard and recovery see it alive."""
+        worker = self.worker
+        log.warning(
+            "worker %s: Redis refused its heartbeat (%s); resetting its keys and registering it again",
+            worker.name,
+            str(exc)[:300],
+            extra={"action": "worker_heartbeat_bad_reply", "domain": "worker"},
+        )
+        try:
+            keys = junk.worker_keys(worker.queues, worker.name)
+            junk.reset(worker.connection, keys, {worker.key: junk.WORKER_COUNTERS})
+            worker.reregister(self.ttl)  # whole again, in every registry it was kept out of
+        except redis.RedisError:  # the server itself refuses (READONLY, OOM): the next beat tries again
+            pass
+
     def beat(self) -> None:
         worker = self.worker
         worker.last_heartbeat = now()
@@ -95,6 +117,7 @@ class Heartbeat(threading.Thread):
             # The hash was gone (it expired, or Redis lost its data): write it whole again,
             # or dashboards would show a worker with nothing but a heartbeat.
             worker.reregister(self.ttl)
+        deployment.keep_alive()  # this deployment's entry on its Redis servers (dispatch_app.deployment)
 
     def stop(self) -> None:
         self.stopping.set()

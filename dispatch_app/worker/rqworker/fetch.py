@@ -13,10 +13,14 @@ read it: the take can then also write that job's start (``Start``: the writes
 RQ's own code put into a pipeline, recorded, not sent), so an idle worker goes
 from "a job arrived" to "started in Redis" in one round trip instead of two.
 The script applies them only to a job whose hash says what the writes assumed.
+
+The scripts are ``take_scripts``. A key of the wrong type in their way (junk anyone may write) is passed
+over, its keys reset (``junk.reset``); a job whose key holds no hash is refused like an unreadable one.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,130 +36,14 @@ from rq.suspension import WORKERS_SUSPENDED
 import dispatch_app.lanes as lanes
 import dispatch_app.rq_internals as rq_internals
 import dispatch_app.worker.rqworker.admission as admission
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.tuning import RQ_LIST_READ_MAX
+from dispatch_app.worker.rqworker.take_scripts import RESCUE_SCRIPT, SETTLE_SCRIPT, TAKE_SCRIPT
+from dispatch_app.worker.rqworker.take_scripts import TAKEN_BY as TAKEN_BY  # the readers' name for it
 
-TAKEN_BY = "pf_taken_by"
+log = logging.getLogger("dispatch_app.rqworker")
 
-# KEYS: the suspension flag, then (queue, intermediate) pairs.
-# ARGV: [1] how many jobs at most, [2] the job hash key prefix, [3] the worker's
-# name, [4] the plan: which pairs to scan in which order, each as its KEYS index
-# and 'n' (new work: as many as allowed) or 'r' (a late lane, ``dispatch_app.lanes``:
-# one job, and only when nothing else was taken in this call), [5] (optional) a job
-# id already popped from the queue of pair [6] (the blocking wait's catch), [7] '1'
-# if it still has to go to the intermediate list, [8] (optional) the popped job's
-# start: the timeout its writes assumed ('' for none), [9] how many commands, then
-# each command as its length and its words.
-TAKE_SCRIPT = (
-    """
-if redis.call('EXISTS', KEYS[1]) == 1 and not ARGV[5] then return {1} end
-local out = {0}
-local left = tonumber(ARGV[1])
-local taken = 0
-local function take(pair, id)
-  local key = ARGV[2] .. id
-  local hash = redis.call('HGETALL', key)
-  if #hash == 0 then
-    redis.call('LREM', KEYS[pair + 1], 1, id)
-    return nil
-  end
-  redis.call('HSET', key, '"""
-    + TAKEN_BY
-    + """', ARGV[3])
-  local entry = {pair, id, hash}
-  table.insert(out, entry)
-  left = left - 1
-  taken = taken + 1
-  return entry
-end
--- The recorded start, if the job is the one it was recorded for: its timeout sets the
--- execution's TTL, and a repeating job takes RQ's own path (the worker writes those itself).
-local function start(entry)
-  local hash, timeout, repeating = entry[3], '', false
-  for i = 1, #hash, 2 do
-    if hash[i] == 'timeout' then timeout = hash[i + 1] elseif hash[i] == 'repeats_left' then repeating = true end
-  end
-  if timeout ~= ARGV[8] or repeating then return end
-  local at = 10
-  for _ = 1, tonumber(ARGV[9]) do
-    local n = tonumber(ARGV[at])
-    redis.call(unpack(ARGV, at + 1, at + n))
-    at = at + n + 1
-  end
-  table.insert(entry, 1)
-end
-if ARGV[5] then
-  local pair = tonumber(ARGV[6])
-  if ARGV[7] == '1' then redis.call('RPUSH', KEYS[pair + 1], ARGV[5]) end
-  local entry = take(pair, ARGV[5])
-  if entry and ARGV[8] then start(entry) end
-end
--- A late lane's job is taken alone: held in the worker's hand behind nothing and ahead of nothing,
--- so new work arriving while it runs waits for that one job at most.
-for pair, lane in string.gmatch(ARGV[4], '(%d+)(%a)') do
-  pair = tonumber(pair)
-  if left <= 0 then break end
-  if lane == 'n' then
-    while left > 0 do
-      local id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
-      if not id then break end
-      take(pair, id)
-    end
-  elseif taken == 0 then
-    local id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
-    while id and not take(pair, id) do
-      id = redis.call('LMOVE', KEYS[pair], KEYS[pair + 1], 'LEFT', 'RIGHT')
-    end
-  end
-end
-return out
-"""
-)
-
-# KEYS: (queue, intermediate) pairs. ARGV: [1] job hash key prefix, [2] worker hash key prefix.
-# A job in an intermediate list whose taker's hash is gone (it died) and that never
-# started goes back to the head of its queue; returns how many.
-RESCUE_SCRIPT = (
-    """
-local moved = 0
-for pair = 1, #KEYS, 2 do
-  local ids = redis.call('LRANGE', KEYS[pair + 1], 0, -1)
-  for _, id in ipairs(ids) do
-    local key = ARGV[1] .. id
-    local owner = redis.call('HGET', key, '"""
-    + TAKEN_BY
-    + """')
-    if owner and redis.call('EXISTS', ARGV[2] .. owner) == 0 and redis.call('HGET', key, 'status') == 'queued' then
-      redis.call('LREM', KEYS[pair + 1], 1, id)
-      redis.call('LPUSH', KEYS[pair], id)
-      moved = moved + 1
-    end
-  end
-end
-return moved
-"""
-)
-
-
-# After a take whose reply never came (a dropped connection): what became of the job the blocking wait popped.
-# KEYS: [1] its hash, [2] its queue, [3] the intermediate list. ARGV: [1] the job id, [2] this worker's name,
-# [3] the execution key its recorded start would have created ('' without one), [4] how far into the queue to
-# look (tuning.RQ_LIST_READ_MAX: a popped id is not there at all, or back at its head).
-# 'started': the take wrote the start (the job is this worker's to run); 'requeued': it went back to the head
-# of its queue (the take never ran, or took it without the start); 'listed', 'gone', 'other': nothing to do.
-SETTLE_SCRIPT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'started' then
-  if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'worker_name') == ARGV[2]
-     and redis.call('EXISTS', ARGV[3]) == 1 then return 'started' end
-  return 'other'
-end
-if status ~= 'queued' then return 'other' end
-if redis.call('LPOS', KEYS[2], ARGV[1], 'MAXLEN', ARGV[4]) then return 'listed' end
-redis.call('LREM', KEYS[3], 1, ARGV[1])
-redis.call('LPUSH', KEYS[2], ARGV[1])
-return 'requeued'
-"""
+NO_HASH = admission.Verdict(kind=admission.UNREADABLE, reason="its job key holds no hash", func="(none: no job hash)")
 
 
 @dataclass
@@ -300,9 +188,12 @@ class Fetcher:
     def _taken(self, reply, start: Start | None) -> list[Taken]:
         if reply[0] == 1:
             raise Suspended()
-        taken, malformed = [], {}
+        taken, malformed, junk_hash = [], {}, {}
         for pair, job_id, flat, *started in reply[1:]:
             queue = self.queues[(pair - 2) // 2]
+            if not isinstance(flat, list):  # its key holds no hash: out of the list already, refused here
+                junk_hash.setdefault(queue, []).append(job_id)
+                continue
             if admission.malformed_id(job_id):  # RQ's Job would raise on it: never made one
                 malformed.setdefault(queue, []).append(job_id)
                 continue
@@ -312,7 +203,21 @@ class Fetcher:
             taken.append(Taken(job, queue, self._started(job, start) if started else None, unreadable))
         for queue, ids in malformed.items():
             admission.drop_malformed(self.name, self.connection, queue.name, queue.intermediate_queue_key, ids)
+        for queue, ids in junk_hash.items():
+            admission.drop_malformed(self.name, self.connection, queue.name, None, ids, NO_HASH)
+        if isinstance(reply[0], bytes):
+            self.repair(reply[0].decode(errors="replace"))
         return taken
+
+    def repair(self, why: str) -> None:
+        """A key this worker takes through held the wrong type (the take passed over it): its keys put right."""
+        log.warning(
+            "worker %s: a Redis key of its queues held the wrong type (%s); resetting its keys",
+            self.name,
+            why[:300],
+            extra={"action": "worker_take_key_refused", "domain": "worker"},
+        )
+        junk.reset(self.connection, junk.worker_keys(self.queues, self.name))
 
     @staticmethod
     def _started(job: Job, start: Start) -> Execution:
@@ -363,12 +268,13 @@ class Fetcher:
         unreadable = admission.restore(job, raw)  # as a take reads it: a forged hash is refused, not a crash
         return verdict, Taken(job, queue, self._started(job, start), unreadable)
 
-    def rescue(self) -> int:
-        """Jobs taken by dead workers and never started go back to the head of their queues."""
+    def rescue(self, own: bool = False) -> int:
+        """Jobs taken by dead workers and never started go back to the head of their queues; ``own``: those this
+        worker took too (it holds none of them: a take that failed half-way)."""
         from rq.worker import Worker
 
-        prefixes = [Job.redis_job_namespace_prefix, Worker.redis_worker_namespace_prefix]
-        return self._rescue(keys=self.keys[1:], args=prefixes)
+        args = [Job.redis_job_namespace_prefix, Worker.redis_worker_namespace_prefix, *([self.name] if own else [])]
+        return self._rescue(keys=self.keys[1:], args=args)
 
     def give_back(self, taken: list[Taken]) -> None:
         """Return taken-but-not-started jobs to the head of their queues, in their order."""

@@ -6,7 +6,8 @@ session (``dispatch_app.liveness``) is gone at once: ``alive`` is False then.
 Read from RQ's worker hashes (every RQ worker has one) plus the fields
 PipelineWorker adds (its recent outcomes, undeserializable jobs). A worker that
 fails every job - e.g. one that cannot read the jobs it is given - shows as
-``failing_every_job`` on the dashboard and in ``manage.py dispatchstats``.
+``failing_every_job`` on the dashboard and in ``manage.py dispatchstats``. Every value is read as input
+anyone may have written: junk reads as unknown or 0, a key of another type as empty (``junk.replies``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rq.utils import utcparse
 from rq.worker import Worker
 
 import dispatch_app.liveness as liveness
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.tuning import FAILING_STREAK
 from dispatch_app.worker.rqworker.evidence import LAST_ERROR_FIELD, RECENT_FIELD, UNDESERIALIZABLE_FIELD
 
@@ -85,23 +87,28 @@ def _utc(text: str):
 
 def workers(connection: redis.Redis) -> list[WorkerHealth]:
     """Every registered worker whose hash still exists (a dead one's hash expires), by name."""
-    keys = sorted(worker_registration.get_keys(connection=connection))
+    prefix = Worker.redis_worker_namespace_prefix
+    try:
+        members = connection.smembers(worker_registration.REDIS_WORKER_KEYS)
+    except redis.ResponseError:  # the registry is no set (junk anyone may write; a worker resets it): none listed
+        members = set()
+    # Members are bytes anyone may write: read as text, never strictly decoded (RQ's get_keys raised on them).
+    keys = sorted(k for k in {m.decode(errors="replace") for m in members} if k.startswith(prefix))
     if not keys:
         return []
-    prefix = Worker.redis_worker_namespace_prefix
     names = [k[len(prefix) :] for k in keys]
     with connection.pipeline(transaction=False) as pipe:
         pipe.time()
         for key, name in zip(keys, names, strict=True):
             pipe.hgetall(key)
             pipe.smembers(WORKER_EXECUTIONS_KEY_TEMPLATE.format(name))
-        replies = pipe.execute()
+        replies = junk.replies(pipe, "the workers' health")  # a key of another type reads as empty
     seconds, micros = replies[0]
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
     out = []
     claims: dict[str, str | None] = {}
     for i, name in enumerate(names):
-        data, executions = replies[1 + 2 * i], replies[2 + 2 * i]
+        data, executions = replies[1 + 2 * i] or {}, replies[2 + 2 * i] or ()
         if not data or data.get(b"death"):
             continue
         last = _utc(_text(data, "last_heartbeat"))
@@ -148,9 +155,9 @@ def snapshot(connection: redis.Redis | None = None) -> dict:
     for url, conn in targets:
         try:
             found.extend(w.as_dict() for w in workers(conn))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
             where = f" ({redis_servers.label(url)})" if len(targets) > 1 else ""
-            errors.append(f"Redis unavailable{where}: {exc}")
+            errors.append(f"Redis unavailable{where}: {type(exc).__name__}: {exc}")
     return {"workers": found, "error": "; ".join(errors)}
 
 

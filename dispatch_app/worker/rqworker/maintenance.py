@@ -6,7 +6,9 @@ registry. Those steps read job hashes anyone on Redis's network may have written
 ids RQ's cleanup would raise on are dropped first, the hashes are read as ``ProjectJob`` (a hash
 RQ cannot read is a missing job; no callback name is imported), the queue's maintenance lock is
 released even when a step raises (RQ's keeps it for 15 minutes), and a failed step is logged and
-tried again at the next interval instead of ending the worker: the jobs do not depend on it.
+tried again at the next interval instead of ending the worker: the jobs do not depend on it. Before
+the steps, the keys the worker writes that hold the wrong type, and its counters that are no number,
+are reset (``junk.reset``): at start-up and at every interval, whatever else wrote them since.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rq.worker_registration import clean_worker_registry
 
 import dispatch_app.rq_internals as rq_internals
 import dispatch_app.worker.rqworker.admission as admission
+import dispatch_app.worker.rqworker.junk as junk
 from dispatch_app.worker.rqworker.project_job import ProjectJob
 
 log = logging.getLogger("dispatch_app.rqworker")
@@ -33,6 +36,7 @@ class MaintenanceMixin:
         as an object), stops at the first step that raises and then keeps the queue's lock for 15
         minutes. Here each step runs on its own: a poisoned registry stops only its own step.
         """
+        self._step("junk values", None, self._reset_junk)
         for given in self.queues:
             queue = self.queue_class(
                 given.name, connection=self.connection, job_class=ProjectJob, serializer=self.serializer
@@ -57,13 +61,17 @@ class MaintenanceMixin:
             log.exception(
                 "worker %s: RQ maintenance of queue %s, %s, failed (%s: %s); the other steps ran, next try in %ss",
                 self.name,
-                queue.name,
+                queue.name if queue is not None else "(all)",
                 name,
                 type(exc).__name__,
                 exc,
                 self.maintenance_interval,
-                extra={"action": "worker_maintenance_failed", "domain": queue.name},
+                extra={"action": "worker_maintenance_failed", "domain": queue.name if queue is not None else "worker"},
             )
+
+    def _reset_junk(self) -> None:
+        """The keys this worker writes, of the wrong type, and its counters that are no number: reset."""
+        junk.reset(self.connection, junk.worker_keys(self.queues, self.name), {self.key: junk.WORKER_COUNTERS})
 
     def _drop_malformed_ids(self, queue) -> None:
         """Entries RQ's cleanup would choke on before reaching the rest (it decodes and makes a Job of each):

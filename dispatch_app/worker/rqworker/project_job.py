@@ -5,7 +5,7 @@ registry's abandoned jobs, the intermediate list's stuck jobs) reads job hashes 
 plain ``Job``: a forged hash with a timeout of ``never`` raised out of ``Job.restore`` and ended
 the worker, and an abandoned "started" hash had its failure callback imported and called by name.
 
-Here a hash RQ cannot read, or an id no RQ job can have, is a job that does not exist
+Here a hash RQ cannot read (or a key that holds no hash), or an id no RQ job can have, is a job that does not exist
 (``NoSuchJobError``, which every RQ caller already handles: the id leaves the list that named it),
 no callback path held in Redis is ever imported and no webhook it names is ever called (an
 abandoned job's failure sends them): the publisher never writes either and admission refuses a job
@@ -14,6 +14,7 @@ that carries one, so in a hash they can only be forged.
 
 from __future__ import annotations
 
+import redis
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
@@ -29,7 +30,10 @@ class ProjectJob(Job):
         return super().fetch(id, connection=connection, serializer=serializer)
 
     def refresh(self):
-        data = self.connection.hgetall(self.key)
+        try:
+            data = self.connection.hgetall(self.key)
+        except redis.ResponseError as exc:  # WRONGTYPE: its key holds no hash (junk anyone may write)
+            raise NoSuchJobError(f"No such job: {self.key} holds no hash") from exc
         if not data:
             raise NoSuchJobError(f"No such job: {self.key}")
         unreadable = admission.restore(self, data)

@@ -26,6 +26,7 @@ loop survives Redis outages (waits, reconnects with backoff) instead of exiting.
 
 from __future__ import annotations
 
+import copy
 import logging
 import signal
 import sys
@@ -58,7 +59,7 @@ from dispatch_app.worker.rqworker.evidence import EvidenceMixin
 from dispatch_app.worker.rqworker.fetch import Fetcher, Suspended, Taken
 from dispatch_app.worker.rqworker.lane_share import LaneShare, with_lanes
 from dispatch_app.worker.rqworker.maintenance import MaintenanceMixin
-from dispatch_app.worker.rqworker.outage import OutageMixin
+from dispatch_app.worker.rqworker.outage import BAD_REPLY, OutageMixin
 from dispatch_app.worker.rqworker.project_job import ProjectJob
 from dispatch_app.worker.rqworker.start_template import StartTemplate
 from dispatch_app.worker.rqworker.starts import StartsMixin
@@ -77,15 +78,20 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Maint
         late_lanes: bool = True,
         **kwargs,
     ):
-        # JSON always: a job planted in Redis must not be able to run code (pickle), and our
-        # publisher writes JSON; a worker on another serializer would fail every job.
-        kwargs["serializer"] = kwargs.get("serializer") or JSONSerializer
+        # JSON always, whatever a launcher passes (rqworker's --serializer, queue objects with their own): a pickle
+        # planted in a hash's data, meta or result is never unpickled, and our publisher writes JSON.
+        kwargs["serializer"] = JSONSerializer
+        queues = list(queues) if isinstance(queues, list | tuple) else [queues]
+        for i, queue in enumerate(queues):
+            if not isinstance(queue, str) and queue.serializer is not JSONSerializer:
+                queues[i] = copy.copy(queue)  # the caller's object stays as it was
+                queues[i].serializer = JSONSerializer
         # Every hash RQ's own code reads here is read as ProjectJob: unreadable is missing, no callback imported.
         if not (isinstance(kwargs.get("job_class"), type) and issubclass(kwargs["job_class"], ProjectJob)):
             kwargs["job_class"] = ProjectJob
         rq_internals.verify()  # an RQ without what this class overrides or calls fails here, by name
         fast_paths.install()
-        # Started by another launcher (``rqworker --worker-class``, rq's WorkerPool): the DISPATCH settings.
+        # Started by another launcher (rq's WorkerPool, a test): the DISPATCH settings.
         conf = dispatch_settings()
         self.prefetch = prefetch or conf.WORKER_PREFETCH
         self.heartbeat_interval = heartbeat_interval or conf.WORKER_HEARTBEAT_INTERVAL
@@ -148,6 +154,7 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Maint
 
     def bootstrap(self, logging_level="INFO", date_format=None, log_format=None):
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v}
+        self._retrying(lambda: self._step("junk values", None, self._reset_junk), "worker_start")  # before its birth
         self._retrying(lambda: super(PipelineWorker, self).bootstrap(logging_level, **kwargs), "worker_start")
         self._fetcher = Fetcher(self.connection, self._ordered_queues, self.job_class, self.serializer, self.name)
         self.lane_share.has_late = self._fetcher.has_late
@@ -165,16 +172,16 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Maint
             if self._fetcher is not None:
                 self._fetcher.give_back([t for t, _ in self._buffer])
             self._buffer.clear()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
             log.warning(
-                "worker %s: Redis unavailable at shutdown (%s); taken jobs are left to RQ's maintenance",
+                "worker %s: Redis unavailable or refusing at shutdown (%s); taken jobs are left to RQ's maintenance",
                 self.name,
                 exc,
                 extra={"action": "worker_teardown_redis_down", "domain": "worker"},
             )
         try:
             super().teardown()
-        except (redis.ConnectionError, redis.TimeoutError):
+        except redis.RedisError:
             self.unsubscribe()  # the hash expires on its own; nothing else to release
         if self._beat is not None and self._beat.beacon is not None:
             self._beat.beacon.stop()  # last: the hash says "died" (or is gone) before the session does
@@ -230,6 +237,8 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Maint
                         break
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self._redis_down(exc)
+                except BAD_REPLY as exc:  # junk anyone may write into Redis: logged, reset, never the end (outage)
+                    self._bad_reply(exc)
                 except StopRequested:
                     break
         finally:
@@ -342,8 +351,8 @@ class PipelineWorker(WritesMixin, StartsMixin, EvidenceMixin, OutageMixin, Maint
         else:
             try:
                 execution = self._write_start(job, queue)
-            except (redis.ConnectionError, redis.TimeoutError):
-                # Not started: it goes back to its queue with the rest once Redis answers.
+            except redis.RedisError:
+                # Not started: it goes back to its queue with the rest once Redis answers (or its junk is reset).
                 self._buffer.insert(0, (taken, time.monotonic()))
                 raise
         started = time.monotonic()

@@ -56,19 +56,23 @@ def private_postgres():
         remove_tree(base)
 
 
-@pytest.fixture
-def private_db(private_postgres):
-    """A fresh, migrated database on the private server (a clone of the template)."""
+def fresh_database(server):
+    """A fresh, migrated database on the private server (a clone of the template), dropped afterwards."""
     import psycopg
 
     name = f"pf_faults_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(private_postgres.url(), autocommit=True) as conn:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    yield private_postgres.url(name)
-    if not private_postgres.running():
-        private_postgres.start()
-    with psycopg.connect(private_postgres.url(), autocommit=True) as conn:
+    yield server.url(name)
+    if not server.running():
+        server.start()
+    with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def private_db(private_postgres):
+    yield from fresh_database(private_postgres)
 
 
 @pytest.fixture

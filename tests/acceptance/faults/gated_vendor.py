@@ -1,6 +1,6 @@
 """Child-process wrapper for the vendor scenarios: ``python -m tests.acceptance.faults.gated_vendor <manage args>``.
 
-Runs a ``manage.py`` command (rqworker, recover) with the local provider held at
+Runs a ``manage.py`` command (plain_rqworker, recover) with the local provider held at
 gates the test opens by creating files in ``PF_GATE_DIR``, so a scenario can
 place a worker inside a vendor call, or recovery inside a vendor status call,
 and know it is there:
@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-# A plain RQ worker running jobs in its own process (so the gates above apply to them).
+# A plain RQ worker running jobs in its own process (so the gates above apply to them): django-rq's own rqworker,
+# which the project's rqworker refuses its queues to (productflow/management/commands/plain_rqworker.py).
 RQWORKER_ARGS = ("--serializer", "rq.serializers.JSONSerializer", "--worker-class", "rq.worker.SimpleWorker")
 
 

@@ -8,17 +8,19 @@ into each queue: a call of ``os.system`` and of the canary function (``tests.can
 project's own entry point with callbacks, a dependency, repeats, retries, keyword arguments, an RQ id
 the dispatcher would not give, another domain's entry point, a pickled call, a hash RQ cannot read, and
 an id no RQ job can have (not RQ's alphabet, not UTF-8).
-Real jobs are named too, by the RQ id the dispatcher gives them (``queue:entry domain:job id``): these pass
-the worker's admission and meet the start (a job scheduled for later; a job of another domain named
-through this queue's entry point). Last, for RQ's maintenance rather than a take, each queue's intermediate
-list gets an unreadable hash and its started registry an abandoned forgery whose failure callback is the
-canary. Any forged call that ran would create the canary file. The summary (JSON) says how many jobs were
-written into each queue ("written") and what was planted for maintenance ("planted").
+Real jobs are named too, by the RQ id the dispatcher gives them (``queue:entry domain:job id``; the namespace
+from ``PF_NAMESPACE``), exactly as the dispatcher would write them but for its signature (a job scheduled for
+later; a job of another domain named through this queue's entry point). Last, for RQ's maintenance rather
+than a take, each queue's intermediate list gets an unreadable hash and its started registry an abandoned
+forgery whose failure callback is the canary. Any forged call that ran would create the canary file. The
+summary (JSON) says how many jobs were written into each queue ("written") and what was planted for maintenance
+("planted").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -29,6 +31,13 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 CANARY = "tests.canary.touch"
+# The deployment's namespace, as anyone reading its Redis sees it in the ids there (dispatch_app.rq_ids).
+NAMESPACE = os.environ["PF_NAMESPACE"]
+
+
+def rq_job_id(job_id: int, attempt: int) -> str:
+    """The id the dispatcher gives this attempt (its hash signed; these forgeries are not)."""
+    return f"pf-{NAMESPACE}-{job_id}-{attempt}"
 
 
 def forge(conn: redis.Redis, queue: str, domain: str, other: str, canary: str) -> int:
@@ -40,20 +49,27 @@ def forge(conn: redis.Redis, queue: str, domain: str, other: str, canary: str) -
     forged = [
         lambda: q.enqueue("os.system", f"touch {canary}"),
         lambda: q.enqueue(CANARY, "direct"),
-        lambda: q.enqueue(entry, n, 1, job_id=f"pf-{n}-1", on_success=Callback(CANARY), on_failure=Callback(CANARY)),
-        lambda: q.enqueue(entry, n, 2, job_id=f"pf-{n}-2", on_stopped=Callback(CANARY)),
-        lambda: q.enqueue(entry, n, 3, job_id=f"pf-{n}-3", repeat=Repeat(times=2)),
-        lambda: q.enqueue(entry, n, 4, job_id=f"pf-{n}-4", retry=Retry(max=2)),
-        lambda: q.enqueue(entry, n, 5, job_id=f"pf-{n}-5", note="kwargs"),
-        lambda: q.enqueue(entry, n, 6, job_id=f"pf-{n}-7"),  # not the id the dispatcher gives (n, 6)
-        lambda: q.enqueue(wrong_entry, n, 8, job_id=f"pf-{n}-8"),  # another domain's entry in this queue
-        lambda: pickled.enqueue(CANARY, "pickled", job_id=f"pf-{n}-9"),
+        lambda: q.enqueue(
+            entry, n, 1, job_id=rq_job_id(n, 1), on_success=Callback(CANARY), on_failure=Callback(CANARY)
+        ),
+        lambda: q.enqueue(entry, n, 2, job_id=rq_job_id(n, 2), on_stopped=Callback(CANARY)),
+        lambda: q.enqueue(entry, n, 3, job_id=rq_job_id(n, 3), repeat=Repeat(times=2)),
+        lambda: q.enqueue(entry, n, 4, job_id=rq_job_id(n, 4), retry=Retry(max=2)),
+        lambda: q.enqueue(entry, n, 5, job_id=rq_job_id(n, 5), note="kwargs"),
+        lambda: q.enqueue(entry, n, 6, job_id=rq_job_id(n, 7)),  # not the id the dispatcher gives (n, 6)
+        lambda: q.enqueue(wrong_entry, n, 8, job_id=rq_job_id(n, 8)),  # another domain's entry in this queue
+        lambda: pickled.enqueue(CANARY, "pickled", job_id=rq_job_id(n, 9)),
     ]
     for make in forged:
         make()
     # A job with a dependency (RQ would defer it until the dependency ends): its hash, pushed by hand.
     dependent = Job.create(
-        entry, args=(n, 10), id=f"pf-{n}-10", depends_on=[f"pf-{n}-11"], connection=conn, serializer=JSONSerializer
+        entry,
+        args=(n, 10),
+        id=rq_job_id(n, 10),
+        depends_on=[rq_job_id(n, 11)],
+        connection=conn,
+        serializer=JSONSerializer,
     )
     dependent.origin = queue
     dependent.save()
@@ -92,7 +108,7 @@ def name_real_jobs(conn: redis.Redis, named: list[str]) -> dict[str, int]:
     for spec in named:
         queue, entry_domain, job_id = spec.split(":")
         Queue(queue, connection=conn, serializer=JSONSerializer).enqueue(
-            f"dispatch_app.run.{entry_domain}", int(job_id), 1, job_id=f"pf-{job_id}-1"
+            f"dispatch_app.run.{entry_domain}", int(job_id), 1, job_id=rq_job_id(int(job_id), 1)
         )
         counts[queue] = counts.get(queue, 0) + 1
     return counts

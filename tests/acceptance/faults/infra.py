@@ -198,6 +198,13 @@ class Stack:
         rows = self.sql(query, params)
         return rows[0][0] if rows else None
 
+    def rq_job_id(self, job_id: int, attempt: int) -> str:
+        """The RQ id this stack's processes give an attempt (their namespace is their database's)."""
+        from dispatch_app.deployment import IDENTITY_SQL, derived
+        from dispatch_app.rq_ids import rq_job_id
+
+        return rq_job_id(job_id, attempt, ns=derived(*self.sql(IDENTITY_SQL)[0]))
+
     def count_envelopes(self, status: str) -> int:
         return self.scalar("SELECT count(*) FROM dispatch_app_dispatchenvelope WHERE status = %s", [status])
 

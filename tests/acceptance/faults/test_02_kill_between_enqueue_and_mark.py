@@ -53,7 +53,7 @@ def test_redelivery_after_kill_is_a_recognised_duplicate(shared_stack, redis_con
 
     # Half the RQ job hashes expire (as after result_ttl): those get re-enqueued and must be refused.
     expired = ids[: JOBS // 2]
-    assert redis_conn.delete(*[f"rq:job:pf-{job_id}-1" for job_id in expired]) == len(expired)
+    assert redis_conn.delete(*[f"rq:job:{stack.rq_job_id(job_id, 1)}" for job_id in expired]) == len(expired)
 
     successor = stack.dispatcher("--lease", str(LEASE), "--batch-size", "100", **timeouts)
     stack.wait_all("dispatched", JOBS, timeout=30, what="envelopes")

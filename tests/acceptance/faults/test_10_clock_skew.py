@@ -87,7 +87,9 @@ def test_leases_delays_and_thresholds_follow_the_database_clock(shared_stack, re
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", logged_day) and logged_day in real_minus_3, stop_line
 
     # Recovery thresholds: the workflow jobs sit queued; their RQ jobs are lost (no evidence left).
-    assert redis_conn.delete(*[f"rq:job:pf-{job_id}-1" for job_id in unattended], "rq:queue:workflow") >= 10
+    assert (
+        redis_conn.delete(*[f"rq:job:{stack.rq_job_id(job_id, 1)}" for job_id in unattended], "rq:queue:workflow") >= 10
+    )
     ahead_round = stack.manage("recover", "--once", "--json", "--domain", "workflow", PF_FAULTS_CLOCK_OFFSET=DAYS3)
     assert ahead_round.returncode == 0, ahead_round.stderr
     ahead_summary = json.loads(ahead_round.stdout)["domains"][0]

@@ -54,12 +54,12 @@ def test_calls_the_vendor_never_answers_end_outcome_unknown_after_the_trust_boun
     name = "s21-killed"
     victim = stack.spawn(
         name,
-        [PYTHON, MANAGE, "rqworker", "image_series", *RQWORKER_ARGS, "--name", name],
+        [PYTHON, MANAGE, "plain_rqworker", "image_series", *RQWORKER_ARGS, "--name", name],
         PRODUCTFLOW_FAILPOINTS="kill_vendor_record_succeeded",
     )
     slow = stack.spawn(
         "worker-vendor-timeout",
-        [PYTHON, MANAGE, "rqworker", "partial_edit", *RQWORKER_ARGS],
+        [PYTHON, MANAGE, "plain_rqworker", "partial_edit", *RQWORKER_ARGS],
         DISPATCH_PROVIDER_TIMEOUT=0.3,
         DISPATCH_PROVIDER_LATENCY_MS=3000,
     )

@@ -33,14 +33,16 @@ def test_a_worker_finishes_while_recovery_waits_on_a_slow_vendor(private_redis_s
     dispatcher = stack.dispatcher("--poll-interval", "0.2")
     worker = stack.spawn(
         "gated-worker",
-        [PYTHON, "-m", "tests.acceptance.faults.gated_vendor", "rqworker", "image_series", *RQWORKER_ARGS],
+        [PYTHON, "-m", "tests.acceptance.faults.gated_vendor", "plain_rqworker", "image_series", *RQWORKER_ARGS],
         PF_GATE_DIR=gates,
         PF_GATE_VENDOR=1,
     )
     (job_id,) = stack.submit(1, domain="image_series", prefix="s22")
     wait_until(lambda: (gates / "vendor-entered").exists(), timeout=30, message="the worker inside its vendor call")
     assert stack.scalar("SELECT status FROM dispatch_app_vendorcall WHERE job_id = %s", [job_id]) == "pending"
-    assert private_redis.client().delete(f"rq:job:pf-{job_id}-1") == 1  # recovery now takes the worker for gone
+    assert (
+        private_redis.client().delete(f"rq:job:{stack.rq_job_id(job_id, 1)}") == 1
+    )  # recovery now takes the worker for gone
 
     recovery = stack.spawn(
         "recover-slow-vendor",

@@ -44,9 +44,9 @@ def test_one_bad_candidate_does_not_stall_the_domain(private_redis_stack, privat
     redis = private_redis.client()
     poisoned, lost = jobs[:26], jobs[26:]
     for job_id in poisoned:
-        assert redis.hset(f"rq:job:pf-{job_id}-1", "created_at", "not a date") == 0
+        assert redis.hset(f"rq:job:{stack.rq_job_id(job_id, 1)}", "created_at", "not a date") == 0
     for job_id in lost:
-        assert redis.delete(f"rq:job:pf-{job_id}-1") == 1
+        assert redis.delete(f"rq:job:{stack.rq_job_id(job_id, 1)}") == 1
 
     code1, first = recover(stack)
     assert code1 != 0, "a round with errors does not exit as if all was well"
@@ -62,7 +62,7 @@ def test_one_bad_candidate_does_not_stall_the_domain(private_redis_stack, privat
     assert second["redispatched"] == 4 and second["errors"] == 21, second
 
     for job_id in poisoned:  # the corrupt hashes go, as their TTL would take them
-        redis.delete(f"rq:job:pf-{job_id}-1")
+        redis.delete(f"rq:job:{stack.rq_job_id(job_id, 1)}")
     code3, third = recover(stack, batch=50)  # all 30 in one round: the 4 already re-sent are left alone
     assert code3 == 0, third
     assert (third["scanned"], third["redispatched"], third["left_alone"], third["errors"]) == (30, 26, 4, 0), third

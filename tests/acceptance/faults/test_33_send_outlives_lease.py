@@ -37,7 +37,7 @@ def test_a_resend_after_the_lease_leaves_the_running_job_alone(private_redis_sta
     timeouts = short_redis_timeouts(stack.redis_url, 0.5)
     worker = stack.worker("delivery", DISPATCH_PROVIDER_LATENCY_MS=WORK_SECONDS * 1000)
     [job_id] = stack.submit(1, prefix="s33")
-    rq_key = f"rq:job:pf-{job_id}-1"
+    rq_key = f"rq:job:{stack.rq_job_id(job_id, 1)}"
     release = stack.tmp / "release-held-send"
 
     held = stack.dispatcher(

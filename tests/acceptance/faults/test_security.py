@@ -1,8 +1,9 @@
 """Security and bad input (issue 6): what a hostile or careless input meets.
 
 - A pickle-serialised job planted in an RQ queue is refused by our workers
-  (JSON serializer), not executed; the same plant run by a pickle worker does
-  execute, which shows the plant is a real exploit.
+  (JSON serializer), not executed; the same plant run by RQ's own worker on its
+  default serializer (pickle) does execute, which shows the plant is a real exploit
+  (the project's commands run no such worker: test_49_worker_commands.py).
 - The admin and its actions need staff plus the specific permissions; an
   action changes state only through the outbox (nothing is pushed to Redis).
 - Every management command rejects bad arguments with a clear message and exit
@@ -39,6 +40,13 @@ class _Plant:
         return (open, (self.marker, "w"))
 
 
+# RQ itself, no Django: a SimpleWorker on RQ's default serializer, draining one queue once (argv: Redis URL, queue).
+RQ_PICKLE_WORKER = (
+    "import sys, redis; from rq import SimpleWorker; "
+    "SimpleWorker([sys.argv[2]], connection=redis.Redis.from_url(sys.argv[1])).work(burst=True)"
+)
+
+
 def plant_pickle_job(conn, queue_name: str, job_id: str, marker: Path) -> None:
     from rq import Queue
     from rq.job import Job as RQJob
@@ -66,13 +74,10 @@ def test_a_pickled_job_planted_in_a_queue_is_refused_not_executed(shared_stack, 
     assert stack.count_jobs("succeeded") == 1 and stack.ledger() == {(real, 1): 1}
     assert re.search(r"job 'planted-1' refused, not the project's work \(unreadable", ours.output())
 
-    # Control: the same plant, run by a worker left on rq's default (pickle) serializer, does run.
+    # Control: the same plant, run by RQ's own worker left on its default (pickle) serializer, does run.
     control = stack.tmp / "pwned-pickle-worker"
     plant_pickle_job(redis_conn, "workflow", "planted-2", control)
-    pickle_worker = stack.spawn(
-        "pickle-worker",
-        [PYTHON, MANAGE, "rqworker", "workflow", "--burst", "--worker-class", "rq.worker.SimpleWorker"],
-    )
+    pickle_worker = stack.spawn("pickle-worker", [PYTHON, "-c", RQ_PICKLE_WORKER, stack.redis_url, "workflow"])
     pickle_worker.wait(timeout=60)
     assert control.exists(), "control failed: the plant is not an exploit, so the first check proves nothing"
 

@@ -22,6 +22,10 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
 
 
 # --- production settings -----------------------------------------------------
+PLACEHOLDER_DATABASE_URL = "postgresql://pf:pg-pw@db.example.invalid:5432/productflow"
+PLACEHOLDER_REDIS_URL = "redis://:redis-pw@redis.example.invalid:6379/0"
+
+
 def _manage(
     env_overrides: dict, *args: str, drop: tuple[str, ...] = (), unset: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess:
@@ -32,9 +36,10 @@ def _manage(
         env.pop(name, None)
     env.update(
         DJANGO_SETTINGS_MODULE="productflow.settings",
-        # Never connected to by these commands; a URL keeps settings from starting the embedded servers.
-        DATABASE_URL="postgresql://pf@db.example.invalid:5432/productflow",
-        REDIS_URL="redis://redis.example.invalid:6379/0",
+        # Never connected to by these commands; a URL keeps settings from starting the embedded servers. With
+        # passwords: production refuses a server URL without one.
+        DATABASE_URL=PLACEHOLDER_DATABASE_URL,
+        REDIS_URL=PLACEHOLDER_REDIS_URL,
     )
     env.update(env_overrides)
     for name in unset:
@@ -125,8 +130,8 @@ def test_with_debug_off_the_admin_static_files_are_served_after_collectstatic(tm
         env={
             **{k: v for k, v in os.environ.items() if k not in ("DEBUG", "ALLOWED_HOSTS")},
             "DJANGO_SETTINGS_MODULE": "productflow.settings",
-            "DATABASE_URL": "postgresql://pf@db.example.invalid:5432/productflow",
-            "REDIS_URL": "redis://redis.example.invalid:6379/0",
+            "DATABASE_URL": PLACEHOLDER_DATABASE_URL,
+            "REDIS_URL": PLACEHOLDER_REDIS_URL,
             **env,
         },
         capture_output=True,

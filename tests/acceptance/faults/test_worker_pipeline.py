@@ -8,7 +8,7 @@
 - a job the worker cannot deserialize: failed visibly, reported loudly once, and the
   worker shows as failing every job;
 - --max-jobs: worker processes are recycled;
-- django-rq's admin views and ``rq info`` list the worker and its jobs.
+- the project's dashboard and ``rq info`` list the worker and its jobs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.worker import Worker
 
 from dispatch_app.recovery.evidence import rq_job_status, worker_alive
+from dispatch_app.rq_ids import rq_job_id
 from dispatch_app.worker.rqworker import health
 from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
 
@@ -71,9 +72,9 @@ def test_kill_9_mid_job_leaves_true_registries_and_dead_worker_evidence(private_
     # Its execution is still in the started registry (RQ fails it once its TTL passes), and the
     # jobs it had taken but not started wait in the intermediate list, still queued.
     started = StartedJobRegistry("delivery", connection=conn)
-    assert started.get_job_ids(cleanup=False) == [f"pf-{running}-1"]
+    assert started.get_job_ids(cleanup=False) == [rq_job_id(running, 1)]
     taken = [i.decode() for i in conn.lrange("rq:queue:delivery:intermediate", 0, -1)]
-    assert sorted(taken) == sorted(f"pf-{j}-1" for j in others)
+    assert sorted(taken) == sorted(rq_job_id(j, 1) for j in others)
     assert {RQJob.fetch(t, connection=conn).get_status() for t in taken} == {"queued"}
 
     recovered = stack.manage(
@@ -96,15 +97,15 @@ def test_kill_9_mid_job_leaves_true_registries_and_dead_worker_evidence(private_
     # The registries end true: finished jobs in the finished registry, nothing queued or taken,
     # the dead worker gone from RQ's worker set, its execution failed by RQ's own cleanup after its TTL.
     finished = FinishedJobRegistry("delivery", connection=conn).get_job_ids()
-    assert sorted(finished) == sorted(f"pf-{j}-1" for j in others)
+    assert sorted(finished) == sorted(rq_job_id(j, 1) for j in others)
     # The re-dispatched attempt went through the recovery lane (dispatch_app.lanes) and finished there.
-    assert FinishedJobRegistry("delivery.recovery", connection=conn).get_job_ids() == [f"pf-{running}-2"]
+    assert FinishedJobRegistry("delivery.recovery", connection=conn).get_job_ids() == [rq_job_id(running, 2)]
     for lane in ("delivery", "delivery.recovery"):
         assert conn.llen(f"rq:queue:{lane}") == 0 and conn.llen(f"rq:queue:{lane}:intermediate") == 0
     assert name not in worker_names(conn)
     started.cleanup(timestamp=time.time() + 10_000)
     assert started.get_job_ids() == []
-    assert FailedJobRegistry("delivery", connection=conn).get_job_ids() == [f"pf-{running}-1"]
+    assert FailedJobRegistry("delivery", connection=conn).get_job_ids() == [rq_job_id(running, 1)]
 
 
 def test_sigterm_mid_job_finishes_it_and_gives_back_the_taken_jobs(shared_stack, redis_conn):
@@ -123,7 +124,7 @@ def test_sigterm_mid_job_finishes_it_and_gives_back_the_taken_jobs(shared_stack,
     assert stack.scalar("SELECT status FROM dispatch_app_job WHERE id = %s", [first]) == "succeeded"
     rest = sorted(set(ids) - {first})
     assert stack.sql("SELECT id FROM dispatch_app_job WHERE status = 'queued' ORDER BY id") == [(j,) for j in rest]
-    assert [i.decode() for i in redis_conn.lrange("rq:queue:delivery", 0, -1)] == [f"pf-{j}-1" for j in rest]
+    assert [i.decode() for i in redis_conn.lrange("rq:queue:delivery", 0, -1)] == [rq_job_id(j, 1) for j in rest]
     assert redis_conn.llen("rq:queue:delivery:intermediate") == 0
     assert "warm shutdown requested" in worker.output()
     assert worker.output().count("start-up objects frozen") == 1  # runtime.gcfreeze: one process, no pool
@@ -210,11 +211,10 @@ def test_max_jobs_recycles_worker_processes(shared_stack):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_django_rq_admin_and_rq_info_list_the_worker_and_its_jobs(shared_stack, redis_conn, client):
+def test_the_dashboard_and_rq_info_list_the_worker_and_its_jobs(shared_stack, redis_conn, client):
     from django.conf import settings
     from django.contrib.auth.models import User
     from django.urls import reverse
-    from django_rq.settings import get_queues_map
 
     stack = shared_stack
     [job_id] = stack.submit(1, prefix="shown")
@@ -223,7 +223,7 @@ def test_django_rq_admin_and_rq_info_list_the_worker_and_its_jobs(shared_stack, 
     worker = gated_worker(stack, gate)
     wait_until(lambda: entered(gate) == 1, timeout=60, message="the worker inside the job")
     [name] = worker_names(redis_conn)
-    rq_id = f"pf-{job_id}-1"
+    rq_id = rq_job_id(job_id, 1)
 
     info = subprocess.run(
         [str(Path(PYTHON).parent / "rq"), "info", "--url", settings.REDIS_URL, "delivery"],
@@ -241,24 +241,27 @@ def test_django_rq_admin_and_rq_info_list_the_worker_and_its_jobs(shared_stack, 
         rq_id,
     )
 
+    # The operators' view of RQ is the project's dashboard (django-rq's own views are not mounted: they read
+    # hashes with pickle, tests/integration/test_admin_no_pickle.py).
     client.force_login(User.objects.create_superuser("rq-admin", password="not-a-secret-pw-123"))
-    index = get_queues_map()["delivery"]
-    page = client.get(reverse("admin:django_rq_workers", args=[index])).content.decode()
-    assert name in page
-    assert rq_id in client.get(reverse("admin:django_rq_started_jobs", args=[index])).content.decode()
-    job_page = client.get(reverse("admin:django_rq_job_detail", args=[index, rq_id])).content.decode()
-    assert "started" in job_page
-    # (django-rq's worker page of a *busy* worker reads its current job with pickle and fails on every
-    # JSON job, whatever the worker class; it is read here once the worker is idle.)
+    data_url = reverse("admin:dispatch_app_dashboard_json")
+
+    def shown() -> dict:
+        response = client.get(data_url)
+        assert response.status_code == 200
+        [row] = [w for w in response.json()["rq"]["workers"] if w["name"] == name]
+        return row
+
+    row = shown()
+    assert (row["state"], row["current_job"], row["alive"]) == ("busy", rq_id, True), row
+    assert client.get("/admin/django_rq/dashboard/").status_code == 404
 
     (gate / "release").write_text("")
     stack.wait_all("succeeded", 1, timeout=30)
     wait_until(lambda: rq_id in FinishedJobRegistry("delivery", connection=redis_conn), timeout=10, message="RQ end")
-    assert rq_id in client.get(reverse("admin:django_rq_finished_jobs", args=[index])).content.decode()
-    assert rq_id not in client.get(reverse("admin:django_rq_started_jobs", args=[index])).content.decode()
     [seen] = Worker.all(connection=redis_conn)
     assert seen.successful_job_count == 1 and seen.get_current_job_id() is None
-    details = client.get(reverse("admin:django_rq_worker_details", args=[index, seen.key]))
-    assert details.status_code == 200 and name in details.content.decode()
+    row = shown()
+    assert (row["successful"], row["current_job"]) == (1, ""), row
     assert worker.stop() == 0
     assert dispatcher.stop() == 0
