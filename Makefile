@@ -1,7 +1,8 @@
 # The two set-up commands of the README:
 #   make demo   - the main job on the embedded default (or DATABASE_URL/REDIS_URL)
 #   make test   - the whole test suite
-# CI's second leg runs the same on Python 3.13 + Django 6: make test VENV=.venv313 PYTHON=/root/.pyenv/versions/3.13.0/bin/python
+# CI's second leg (.ci/run) runs the version-dependent tests on Python 3.13 + Django 6:
+#   make test VENV=.venv313 PYTHON=/root/.pyenv/versions/3.13.0/bin/python PYTEST_ARGS='-m version_dependent'
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -68,10 +68,10 @@ def main() -> None:
 
     django.setup()
     from bench.recovery_model import ModeledRecovery
-    from dispatch_app.conf import dispatch_settings
+    from dispatch_app.config.settings import dispatch_settings
+    from dispatch_app.dispatch.wake import CATCH_UP
     from dispatch_app.runtime import assembly
     from dispatch_app.runtime.runner import LoopRunner
-    from dispatch_app.runtime.wake import CATCH_UP
     from dispatch_app.store import claim
 
     spec = _spec()

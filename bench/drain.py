@@ -43,9 +43,9 @@ def _parse(variant: str) -> tuple[str, int]:
 def _publish_only(env, count: int, batch: int):
     import time
 
-    from dispatch_app.conf import dispatch_settings
-    from dispatch_app.dispatch.publisher import Publisher
+    from dispatch_app.config.settings import dispatch_settings
     from dispatch_app.dispatch.sender import BoundedSender
+    from dispatch_app.rq.publish import Publisher
     from dispatch_app.store.claim import Claimed
 
     conf = dispatch_settings(BATCH_SIZE=batch)

@@ -132,7 +132,7 @@ class BenchEnv:
         settings.REDIS_URL = self.redis_url
         for queue in settings.RQ_QUEUES.values():
             queue["URL"] = self.redis_url
-        from dispatch_app.dispatch import publisher
+        from dispatch_app.rq import publish as publisher
 
         # A per-process cache keyed by URL (older: by nothing): drop it so the new URL is used.
         getattr(publisher.redis_connection, "cache_clear", lambda: None)()
@@ -187,7 +187,7 @@ class BenchEnv:
 
     # --- handles -------------------------------------------------------------
     def redis(self):
-        from dispatch_app.dispatch.publisher import redis_connection
+        from dispatch_app.rq.publish import redis_connection
 
         return redis_connection(self.redis_url)
 

@@ -29,7 +29,9 @@ BLOCKED_DOMAIN = "image_series"
 
 
 def run(ctx: Context) -> list[dict]:
-    from dispatch_app.demo_payloads import demo_domain_keys as domain_keys  # the shipped five (a demo payload each)
+    from dispatch_app.domains.demo_payloads import (
+        demo_domain_keys as domain_keys,  # the shipped five (a demo payload each)
+    )
 
     env = ctx.env
     rate = ctx.size("isolation_rate", 200.0, 200.0)

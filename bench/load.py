@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from bench.env import PYTHON, ROOT, BenchEnv
 from bench.logs import drain, open_log
-from dispatch_app.rq_ids import parse as parse_rq_id
+from dispatch_app.rq.ids import parse as parse_rq_id
 
 
 class Child:
@@ -148,7 +148,7 @@ class RQObserver:
 
 
 def domain_keys(domains: list[str] | None) -> list[str]:
-    from dispatch_app.demo_payloads import demo_domain_keys
+    from dispatch_app.domains.demo_payloads import demo_domain_keys
 
     return list(domains or demo_domain_keys())
 
@@ -167,8 +167,8 @@ def submit_paced(
     Returns job id -> monotonic time right after the commit, and the achieved rate.
     """
 
-    from dispatch_app.demo_payloads import demo_payload
-    from dispatch_app.outbox import JobSpec, submit_many
+    from dispatch_app.domains.demo_payloads import demo_payload
+    from dispatch_app.outbox.submit import JobSpec, submit_many
 
     keys = domain_keys(domains)
     group = max(1, round(rate * group_interval))

@@ -121,7 +121,7 @@ def _ours_rq_times(env, ids: list[int], field: str) -> dict[int, float]:
     send) or ``started_at`` (the worker's start writes, after its blocking pop returned)."""
     from datetime import datetime
 
-    from dispatch_app.rq_ids import rq_job_id
+    from dispatch_app.rq.ids import rq_job_id
 
     pipe = env.redis().pipeline(transaction=False)
     for i in ids:

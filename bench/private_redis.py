@@ -42,7 +42,7 @@ def private_redis(env):
     """
     from django.conf import settings
 
-    from dispatch_app.dispatch import publisher
+    from dispatch_app.rq import publish as publisher
 
     binary = _executable()
     if binary is None:

@@ -41,9 +41,9 @@ def main() -> None:
     from django.db import connection, transaction
 
     from bench.cpu import self_cpu
-    from dispatch_app.demo_payloads import demo_payload
     from dispatch_app.domains import get_domain
-    from dispatch_app.outbox import JobSpec, submit_many
+    from dispatch_app.domains.demo_payloads import demo_payload
+    from dispatch_app.outbox.submit import JobSpec, submit_many
 
     base = json.loads(sys.argv[1])
     commits = _stamp_writer_sends()
@@ -80,7 +80,7 @@ class _Stamped:
 
 
 def _stamp_writer_sends() -> dict:
-    import dispatch_app.outbox as outbox
+    import dispatch_app.outbox.submit as outbox
 
     commits: dict = {}
     inner = outbox.install_writer_send(None)

@@ -197,7 +197,9 @@ def _rounds() -> dict[str, dict]:
 
 
 def run(ctx: Context) -> list[dict]:
-    from dispatch_app.demo_payloads import demo_domain_keys as domain_keys  # the shipped five (a demo payload each)
+    from dispatch_app.domains.demo_payloads import (
+        demo_domain_keys as domain_keys,  # the shipped five (a demo payload each)
+    )
 
     env = ctx.env
     domains = list(domain_keys())

@@ -94,8 +94,8 @@ def _lane_depth(env, queue: str) -> int:
 
 
 def run(ctx: Context) -> list[dict]:
-    from dispatch_app import lanes
-    from dispatch_app.demo_payloads import demo_domain_keys
+    from dispatch_app.domains import lanes
+    from dispatch_app.domains.demo_payloads import demo_domain_keys
 
     env = ctx.env
     domains = list(demo_domain_keys())

@@ -87,6 +87,6 @@ def seed_stale(per_domain: int, domains: list[str], *, oldest_hours: float = 2.0
 
 
 def _payload(domain: str) -> dict:
-    from dispatch_app.demo_payloads import demo_payload
+    from dispatch_app.domains.demo_payloads import demo_payload
 
     return demo_payload(domain, 0)

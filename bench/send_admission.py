@@ -84,9 +84,9 @@ class Peaks:
 def run(ctx: Context) -> list[dict]:
     import gc
 
-    from dispatch_app.conf import dispatch_settings
-    from dispatch_app.dispatch.publisher import Publisher
+    from dispatch_app.config.settings import dispatch_settings
     from dispatch_app.dispatch.sender import BoundedSender
+    from dispatch_app.rq.publish import Publisher
     from dispatch_app.store.claim import Claimed
 
     env = ctx.env

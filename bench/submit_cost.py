@@ -34,11 +34,11 @@ _ENVELOPE = (
 def _variants(raw):
     from django.db import connection, transaction
 
-    from dispatch_app.conf import dispatch_settings
-    from dispatch_app.demo_payloads import demo_payload
+    from dispatch_app.config.settings import dispatch_settings
     from dispatch_app.domains import get_domain
+    from dispatch_app.domains.demo_payloads import demo_payload
     from dispatch_app.models import DispatchEnvelope, Job
-    from dispatch_app.outbox import _validated, submit
+    from dispatch_app.outbox.submit import _validated, submit
 
     payload = demo_payload("delivery", 0)
     queue = get_domain("delivery").queue
@@ -55,7 +55,7 @@ def _variants(raw):
             cursor.execute(_ENVELOPE, [job_id, "delivery", queue])
 
     def orm_before():
-        # The write as it was before the one-statement rewrite (dispatch_app/outbox.py).
+        # The write as it was before the one-statement rewrite (dispatch_app/outbox/submit.py).
         _validated("delivery", payload, None, dispatch_settings().PAYLOAD_MAX_BYTES)
         with transaction.atomic():
             jobs = Job.objects.bulk_create([Job(domain="delivery", payload=payload)])

@@ -31,8 +31,8 @@ def noop(n: int) -> int:
 
 
 def _callers():
-    from dispatch_app.demo_payloads import demo_payload
-    from dispatch_app.outbox import submit
+    from dispatch_app.domains.demo_payloads import demo_payload
+    from dispatch_app.outbox.submit import submit
 
     payload = demo_payload("delivery", 0)
 

@@ -5,7 +5,7 @@
   ``rqworker``, which the project's ``rqworker`` no longer hands its queues to
   (``productflow/management/commands/plain_rqworker.py``, in this repository only).
 - ``pipeline``: ``manage.py runworkers --processes W``, the project's worker
-  (``dispatch_app.worker.rqworker.PipelineWorker``); recorded as not available until it exists.
+  (``dispatch_app.rq.worker.PipelineWorker``); recorded as not available until it exists.
 
 Each starts idle and counts as ready once all W have registered in RQ's worker set.
 """
@@ -31,7 +31,7 @@ class Unavailable(RuntimeError):
 
 def pipeline_available() -> bool:
     return (
-        importlib.util.find_spec("dispatch_app.worker.rqworker") is not None
+        importlib.util.find_spec("dispatch_app.rq.worker") is not None
         and (ROOT / "dispatch_app" / "management" / "commands" / "runworkers.py").exists()
     )
 
@@ -52,9 +52,7 @@ class Workers:
         ledger ("domain job attempt pid time", tests/acceptance/faults/site/sitecustomize.py). ``args``: more of
         runworkers' options (``pipeline`` only)."""
         if kind == "pipeline" and not pipeline_available():
-            raise Unavailable(
-                "not available: dispatch_app.worker.rqworker / manage.py runworkers are not in this checkout"
-            )
+            raise Unavailable("not available: dispatch_app.rq.worker / manage.py runworkers are not in this checkout")
         if kind not in ("simple", "pipeline"):
             raise ValueError(f"unknown worker kind {kind!r}")
         self.env = env

@@ -65,7 +65,7 @@ class Triggers:
         self.name, self.function, self.shipped = rows[0]
 
     def set(self, mode: str) -> None:
-        from dispatch_app.conf import NOTIFY_CHANNEL
+        from dispatch_app.config.settings import NOTIFY_CHANNEL
 
         self.conn.execute(self.shipped)
         self.conn.execute(f"ALTER TABLE {_ENVELOPE} ENABLE TRIGGER {self.name}")
@@ -86,12 +86,12 @@ class Dispatcher:
     """The shipped wake-up path in this process: Listener + arming + dispatch loop, counting missed wakes."""
 
     def __init__(self, env, poll_interval: float = 1.0, *, arming: bool = True):
-        from dispatch_app.conf import dispatch_settings
+        from dispatch_app.config.settings import dispatch_settings
         from dispatch_app.dispatch.listener import Listener
         from dispatch_app.dispatch.loop import DispatchLoop
-        from dispatch_app.dispatch.publisher import Publisher
+        from dispatch_app.dispatch.wake import Wake
+        from dispatch_app.rq.publish import Publisher
         from dispatch_app.runtime.runner import LoopRunner
-        from dispatch_app.runtime.wake import Wake
 
         # replace(): the polling baseline ticks faster than the validated minimum allows.
         self.conf = dataclasses.replace(dispatch_settings(), POLL_INTERVAL=poll_interval)
@@ -120,7 +120,7 @@ class Dispatcher:
         return self
 
     def close(self) -> dict:
-        from dispatch_app.runtime.wake import STOP
+        from dispatch_app.dispatch.wake import STOP
 
         self.stop.set()
         self.wake.set(STOP)
@@ -134,8 +134,8 @@ class Dispatcher:
 
 
 def _pgbench_script(path: Path) -> None:
-    from dispatch_app.demo_payloads import demo_payload
     from dispatch_app.domains import get_domain
+    from dispatch_app.domains.demo_payloads import demo_payload
 
     payload = json.dumps(demo_payload("delivery", 0)).replace("'", "''")
     queue = get_domain("delivery").queue
@@ -202,8 +202,8 @@ def python_writers(env, writers: int, seconds: float) -> dict:
     """Without pgbench: the same transaction from psycopg threads (the client's GIL then caps the rate)."""
     import psycopg
 
-    from dispatch_app.demo_payloads import demo_payload
     from dispatch_app.domains import get_domain
+    from dispatch_app.domains.demo_payloads import demo_payload
 
     payload = json.dumps(demo_payload("delivery", 0))
     queue = get_domain("delivery").queue

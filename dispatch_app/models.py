@@ -9,10 +9,10 @@ import pgtrigger
 from django.db import models
 from django.db.models import Q
 
-import dispatch_app.store.history_triggers as history_triggers
-import dispatch_app.store.notify_triggers as notify_triggers
-from dispatch_app.dbtime import ClockTimestamp
-from dispatch_app.store.trigger_sql import Trigger
+import dispatch_app.store.triggers.history as history_triggers
+import dispatch_app.store.triggers.notify as notify_triggers
+from dispatch_app.db.clock import ClockTimestamp
+from dispatch_app.store.triggers.install import Trigger
 
 
 class JobStatus(models.TextChoices):
@@ -53,7 +53,7 @@ class Job(models.Model):
     # the trigger's call, and a statement that sets it on purpose (a test aging a job) keeps its value.
     updated_at = models.DateTimeField(db_default=ClockTimestamp())
     # The submitter's W3C trace context ({"traceparent": ..., "tracestate": ...}) when it ran inside a span
-    # (dispatch_app.tracing); the dispatcher's and worker's stage spans join that trace. NULL: not traced.
+    # (dispatch_app.timeline.tracing); the dispatcher's and worker's stage spans join that trace. NULL: not traced.
     trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
@@ -244,8 +244,8 @@ class VendorCall(models.Model):
 
 
 class JobAttempt(models.Model):
-    """One attempt of a job, written only by triggers (dispatch_app.store.history_triggers), never overwritten
-    by a later attempt. Stage times are computed from it by dispatch_app.stages."""
+    """One attempt of a job, written only by triggers (dispatch_app.store.triggers.history), never overwritten
+    by a later attempt. Stage times are computed from it by dispatch_app.timeline.stages."""
 
     # No index of its own, as for the envelope's: the unique (job, attempt) index serves every lookup by job.
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
@@ -303,7 +303,7 @@ class DispatcherProcess(models.Model):
     started_at = models.DateTimeField(db_default=ClockTimestamp())
     last_seen_at = models.DateTimeField(db_default=ClockTimestamp())
     stopped_at = models.DateTimeField(null=True, blank=True)
-    # The application_name of its liveness session (dispatch_app.liveness): gone from pg_stat_activity the moment
+    # The application_name of its liveness session (dispatch_app.db.liveness): gone from pg_stat_activity the moment
     # the process dies. Empty: none (yet); it is judged by last_seen_at alone.
     session = models.CharField(max_length=100, blank=True, default="", db_default="")
 

@@ -1,25 +1,13 @@
-"""What RQ imports to run a job: ``dispatch_app.run.<domain key>(job_id, attempt)``.
+"""The path every RQ job hash of ours names: ``dispatch_app.run.<domain key>(job_id, attempt)``.
 
-The default ``Domain.task_path``. One attribute per declared domain, made on
-first use, so an RQ job keeps its (job_id, attempt) arguments, the domain's key
-is visible in RQ's own pages, and a domain module never imports the worker
-(rq.utils.import_attribute resolves the path to this module's ``__getattr__``).
+It stays this path (``Domain.task_path``) because jobs already in Redis carry it; the entry points themselves are in
+``dispatch_app.rq.worker.entry``, behind RQ's one door.
 """
 
 from __future__ import annotations
 
-from dispatch_app.worker import execute
-
 
 def __getattr__(key: str):
-    if key.startswith("__"):
-        raise AttributeError(key)
+    from dispatch_app.rq.worker import entry
 
-    def entry(job_id: int, attempt: int) -> dict:
-        return execute(key, job_id, attempt)
-
-    entry.__name__ = entry.__qualname__ = key
-    entry.__module__ = __name__
-    # A module attribute from now on: later lookups (one per job) are plain ones, no __getattr__.
-    globals()[key] = entry
-    return entry
+    return getattr(entry, key)

@@ -165,7 +165,7 @@ REDIS_URL = os.environ.get("REDIS_URL", "") or _embedded_url("redis")
 REDIS_SOCKET_TIMEOUT = float(os.environ.get("REDIS_SOCKET_TIMEOUT", "5"))
 
 
-from dispatch_app.redis_servers import with_timeouts  # noqa: E402 - plain functions, no app needed
+from dispatch_app.rq.servers import with_timeouts  # noqa: E402 - plain functions, no app needed
 
 REDIS_URL = with_timeouts(REDIS_URL, REDIS_SOCKET_TIMEOUT)
 
@@ -180,7 +180,7 @@ PRODUCTFLOW_DOMAINS = [
     "dispatch_app.domains.agent",
 ]
 
-# This deployment's namespace in Redis (dispatch_app.deployment): RQ job ids and this project's own keys carry it.
+# This deployment's namespace in Redis (dispatch_app.rq.deployment): RQ job ids and this project's own keys carry it.
 # Unset: derived from the database (PostgreSQL's system identifier, the database's name and oid). Set it to keep it
 # when the database is restored or upgraded onto another server (pg_upgrade makes a new system identifier).
 PRODUCTFLOW_NAMESPACE = os.environ.get("PRODUCTFLOW_NAMESPACE", "")
@@ -196,7 +196,7 @@ RQ_QUEUES = {
         "SERIALIZER": "rq.serializers.JSONSerializer",
     },
 }
-# Every declared domain's queue gets an entry at start-up (dispatch_app.redis_servers.add_queue_entries): a copy
+# Every declared domain's queue gets an entry at start-up (dispatch_app.rq.servers.add_queue_entries): a copy
 # of "default", or its own server when REDIS_URL_<QUEUE> (the queue name upper-case, e.g. REDIS_URL_DELIVERY)
 # is set -- one Redis per group of queues (RQ has no Redis Cluster support). The dispatcher, recovery,
 # runworkers and the dashboard all read the queue's connection from RQ_QUEUES.
@@ -204,7 +204,7 @@ RQ_QUEUES = {
 # deferring an enqueue to on_commit behind our back.
 RQ = {"COMMIT_MODE": "auto"}
 
-# --- Dispatcher (dispatch_app.conf documents and validates every key) ------
+# --- Dispatcher (dispatch_app.config.settings documents and validates every key) ------
 # Each key can be set from the environment as DISPATCH_<KEY>, its value JSON
 # (a number, or an object for DISPATCH_RECOVERY).
 DISPATCH = {}

@@ -21,7 +21,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture
 def redis_conn():
     """The test Redis database, empty at the start and the end of the test."""
-    from dispatch_app.dispatch.publisher import redis_connection
+    from dispatch_app.rq.publish import redis_connection
 
     conn = redis_connection(settings.REDIS_URL)
     pool = conn.connection_pool

@@ -2,7 +2,7 @@
 
 import factory
 
-from dispatch_app.demo_payloads import demo_domain_keys, demo_payload
+from dispatch_app.domains.demo_payloads import demo_domain_keys, demo_payload
 from dispatch_app.models import DispatchEnvelope, Job
 
 PAYLOADS = {domain: demo_payload(domain, 1) for domain in demo_domain_keys()}

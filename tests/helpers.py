@@ -67,8 +67,8 @@ def extra_alias(name: str, options=None, **changes):
 
 
 def sign_rq_job(conn, rq_job) -> None:
-    """Give a job written by a test the dispatcher's signature (dispatch_app.rq_ids), as if the dispatcher wrote it:
+    """Give a job written by a test the dispatcher's signature (dispatch_app.rq.ids), as if the dispatcher wrote it:
     for tests of what comes after admission (the start's gate, the run), not of admission itself."""
-    from dispatch_app.rq_ids import SIGNATURE_FIELD, signature
+    from dispatch_app.rq.ids import SIGNATURE_FIELD, signature
 
     conn.hset(rq_job.key, SIGNATURE_FIELD, signature(rq_job.id, rq_job.func_name, rq_job.origin))

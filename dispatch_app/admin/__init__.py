@@ -2,7 +2,7 @@
 
 Staff only (the admin site's login), read-only models, and each action behind
 its own permission (Meta.permissions on Job and DispatchEnvelope). Actions
-change state only through the outbox (dispatch_app.ops.actions); nothing here
+change state only through the outbox (dispatch_app.actions.operator); nothing here
 pushes to RQ. django-rq's own admin views are not mounted at all: they read
 RQ job hashes with pickle (``rq_views``).
 

@@ -10,7 +10,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.http import HttpResponseRedirect
 
 import dispatch_app.admin.untrusted as untrusted
-from dispatch_app.dbtime import ClockTimestamp
+from dispatch_app.db.clock import ClockTimestamp
 
 DASHBOARD_PERMISSION = "dispatch_app.view_dispatch_dashboard"
 PAUSE_PERMISSION = "dispatch_app.pause_domain"

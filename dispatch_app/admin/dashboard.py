@@ -8,13 +8,13 @@ from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+import dispatch_app.actions.operator as actions
 import dispatch_app.admin.untrusted as untrusted
-import dispatch_app.ops.actions as actions
-import dispatch_app.ops.board as board
+import dispatch_app.views.board as board
 from dispatch_app.admin.common import DASHBOARD_PERMISSION, PAUSE_PERMISSION, require_perm
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobStatus
-from dispatch_app.ops.chart import domain_charts_svg, throughput_svg
+from dispatch_app.views.chart import domain_charts_svg, throughput_svg
 
 
 class DashboardViews:

@@ -6,14 +6,14 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-import dispatch_app.ops.actions as actions
-import dispatch_app.ops.blockers as blockers
+import dispatch_app.actions.operator as actions
+import dispatch_app.views.blockers as blockers
 from dispatch_app.admin.common import ReadOnlyAdmin, report, since, until
 from dispatch_app.admin.filters import DomainFilter, DueFilter, EnvelopeAgeFilter
 from dispatch_app.models import DispatchEnvelope
-from dispatch_app.ops.timeline import format_duration
-from dispatch_app.store.writer_lease import WRITER_TOKEN
+from dispatch_app.store.api import WRITER_TOKEN
 from dispatch_app.templatetags.dispatch_ops import utc
+from dispatch_app.views.timeline import format_duration
 
 
 @admin.register(DispatchEnvelope)

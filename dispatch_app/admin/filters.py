@@ -9,7 +9,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Va
 
 from dispatch_app.admin.common import older_than
 from dispatch_app.admin.untrusted import parse_id
-from dispatch_app.dbtime import ClockTimestamp
+from dispatch_app.db.clock import ClockTimestamp
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import JobAttempt, JobEvent
 from dispatch_app.recovery.event_kinds import COUNT_EVENTS
@@ -130,7 +130,7 @@ class RecoveryDecisionFilter(admin.SimpleListFilter):
 
     title = "recovery round"
     parameter_name = "recovery"
-    # The dashboard's count names (ops.stats.DECISION_KINDS), in its column order -> the event kind each writes.
+    # The dashboard's count names (views.stats.DECISION_KINDS), in its column order -> the event kind each writes.
     KINDS = COUNT_EVENTS
 
     def _parsed(self) -> tuple[int, str] | None:

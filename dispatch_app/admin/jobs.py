@@ -14,14 +14,14 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-import dispatch_app.ops.actions as actions
-import dispatch_app.ops.blockers as blockers
-import dispatch_app.ops.confirm_warnings as confirm_warnings
-import dispatch_app.ops.queue_order as queue_order
-import dispatch_app.ops.rqjobs as rqjobs
-import dispatch_app.ops.stats as stats
-import dispatch_app.ops.timeline as timeline
-import dispatch_app.stages as stages
+import dispatch_app.actions.operator as actions
+import dispatch_app.rq.state.jobs as rqjobs
+import dispatch_app.rq.state.order as queue_order
+import dispatch_app.timeline.stages as stages
+import dispatch_app.views.blockers as blockers
+import dispatch_app.views.confirm_warnings as confirm_warnings
+import dispatch_app.views.stats as stats
+import dispatch_app.views.timeline as timeline
 from dispatch_app.admin.common import DASHBOARD_PERMISSION, ReadOnlyAdmin, report, since
 from dispatch_app.admin.dashboard import DashboardViews
 from dispatch_app.admin.filters import (
@@ -36,10 +36,10 @@ from dispatch_app.admin.filters import (
 )
 from dispatch_app.admin.timeline import TimelineViews
 from dispatch_app.admin.untrusted import parse_id, parse_ids
-from dispatch_app.conf import dispatch_settings
+from dispatch_app.config.settings import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops.timeline import format_duration
 from dispatch_app.templatetags.dispatch_ops import utc
+from dispatch_app.views.timeline import format_duration
 
 # Bulk retries list every job on the confirmation page; more than this is refused (narrow the filter).
 RETRY_CONFIRM_MAX = 5000
@@ -102,7 +102,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
     readonly_fields = [f.name for f in Job._meta.fields]
 
     def get_queryset(self, request):
-        # The stage columns are the current attempt's (dispatch_app.stages), fetched with the page.
+        # The stage columns are the current attempt's (dispatch_app.timeline.stages), fetched with the page.
         qs = super().get_queryset(request).annotate(_age=since("submitted_at"), _updated=since("updated_at"))
         qs = stages.annotate_current(qs)
         if _in_line(request):
@@ -110,7 +110,7 @@ class JobAdmin(DashboardViews, TimelineViews, ReadOnlyAdmin):
         return qs
 
     def get_ordering(self, request):
-        # Jobs waiting in RQ: in the order workers will take them (ops.queue_order: the new lane, then the
+        # Jobs waiting in RQ: in the order workers will take them (rq.state.order: the new lane, then the
         # recovery lane, each from its head), so "who is next" is on page 1; jobs with no place read in Redis
         # (prefetched, too far back, unreadable) after them by dispatch time. Elsewhere newest first.
         if _in_line(request):

@@ -5,7 +5,7 @@ django-rq registers its ``Dashboard`` with ``QueueAdmin``, whose URLs mount ever
 ``RQ_QUEUES`` says: "Empty failed registry" fetches the failed jobs without a serializer and unpickles their meta
 and result, a worker's page unpickles the meta of the job its hash names. Anyone who can write to Redis would run
 code in the web process. The project's own pages (the dashboard, the job list's RQ column, the timeline) show the
-queues, lanes, workers and refused jobs, reading Redis raw. ``dispatch_app.mounting_checks`` fails the system
+queues, lanes, workers and refused jobs, reading Redis raw. ``dispatch_app.rq.checks`` fails the system
 checks when a URLconf mounts a django-rq view some other way (``include("django_rq.urls")``).
 """
 

@@ -8,14 +8,14 @@ from django.db import connection
 from django.http import Http404
 from django.template.response import TemplateResponse
 
-import dispatch_app.ops.actions as actions
-import dispatch_app.ops.blockers as blockers
-import dispatch_app.ops.rqjobs as rqjobs
-import dispatch_app.ops.stats as stats
-import dispatch_app.ops.timeline as timeline
-from dispatch_app.conf import dispatch_settings
+import dispatch_app.actions.operator as actions
+import dispatch_app.rq.state.jobs as rqjobs
+import dispatch_app.views.blockers as blockers
+import dispatch_app.views.stats as stats
+import dispatch_app.views.timeline as timeline
+from dispatch_app.config.settings import dispatch_settings
 from dispatch_app.models import Job
-from dispatch_app.ops.timeline import format_duration
+from dispatch_app.views.timeline import format_duration
 
 
 def rq_state(data):

@@ -2,9 +2,9 @@
 
 A small insert (a submit, a worker's retry: at most ANNOUNCE_MAX_ROWS envelopes,
 claimable now, of a domain not paused) names its envelopes in the payload
-(``store.notify_triggers.NOTIFY_INSERTED``). The listener hands them to the dispatch loop with
+(``store.triggers.notify.NOTIFY_INSERTED``). The listener hands them to the dispatch loop with
 its wake; the loop sends them at once and marks them with one compare-and-set
-(``claim.MARK_AHEAD_SQL``) instead of a claim. The claim's round trip, about a third of the
+(``store.MARK_AHEAD_SQL``) instead of a claim. The claim's round trip, about a third of the
 dispatcher's hop, is then off the job's path from commit to start.
 
 The table stays the record: an announcement is only a head start. A lost or
@@ -20,7 +20,7 @@ MARK_AHEAD_MAX of them wait) and one statement marks them all. At a hundred jobs
 a second an idle dispatcher's mark was one more PostgreSQL backend woken per
 job, about a quarter of a job's PostgreSQL CPU (docs/benchmarks.md); the worker's
 start never needed it (it accepts a pending, unleased, due envelope), and the
-mark still dates the dispatch from the send (``claim.mark_ahead``). Meanwhile
+mark still dates the dispatch from the send (``store.mark_ahead``). Meanwhile
 the envelope is pending and unleased: this loop marks what it sent before any
 claim of its own, and a peer's claim costs a duplicate send, as above.
 """
@@ -33,13 +33,13 @@ import time
 from collections import OrderedDict, deque
 
 import dispatch_app.dispatch.foreign as foreign
-import dispatch_app.redis_servers as redis_servers
-import dispatch_app.store.claim as claim
-from dispatch_app.conf import ANNOUNCE_PREFIX
+import dispatch_app.rq.servers as redis_servers
+import dispatch_app.store.api as store
+from dispatch_app.config.settings import ANNOUNCE_PREFIX
+from dispatch_app.config.tuning import MARK_AHEAD_MAX, MAX_REMEMBERED_CLAIMS
 from dispatch_app.dispatch.breaker import CLOSED, outage_reason
-from dispatch_app.dispatch.publisher import PermanentSendError
-from dispatch_app.store.claim import Claimed
-from dispatch_app.tuning import MARK_AHEAD_MAX, MAX_REMEMBERED_CLAIMS
+from dispatch_app.rq.publish import PermanentSendError
+from dispatch_app.store.api import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
 
@@ -157,12 +157,12 @@ class SendAhead:
         return sends, duplicates, foreign_hashes
 
     def mark(self, total) -> int:
-        """Mark what was sent in one statement (claim.MARK_AHEAD_SQL), counted in ``total`` (the drain's
+        """Mark what was sent in one statement (store.MARK_AHEAD_SQL), counted in ``total`` (the drain's
         DrainResult) as dispatched, and as claimed if this drain sent it (``count_fresh``); what it could not mark
         (a peer's lease, a pause) is left to the claim."""
         if not self.sent:
             return 0
-        marked = claim.mark_ahead(self.sent, total.latencies)
+        marked = store.mark_ahead(self.sent, total.latencies)
         attempts = [(envelope_id, self.sent.pop(envelope_id)[0]) for envelope_id in marked]
         self._first_at = self.clock() if self.sent else None
         self.remember(attempts)

@@ -51,34 +51,13 @@ import uuid
 
 from django.db import DatabaseError, connection
 
-from dispatch_app.runtime.wake import HANDOVER, POLL
-from dispatch_app.tuning import DISARM_AT_CLAIMED, POLL_LINGER, QUIET_SCANS_TO_ARM
+from dispatch_app.config.tuning import DISARM_AT_CLAIMED, POLL_LINGER, QUIET_SCANS_TO_ARM
+from dispatch_app.dispatch.wake import HANDOVER, POLL
+from dispatch_app.store.api import ARM_SQL, DISARM_SQL, RENEW_SQL
 
 log = logging.getLogger("dispatch_app.arming")
 
-ARM = "dispatch_app_notifyarm"
-
-# Rows of dispatchers gone for an hour are removed by whoever arms next, so the
-# writers' read stays one small page.
-ARM_SQL = f"""
-WITH gone AS (
-    DELETE FROM {ARM} WHERE armed_until < clock_timestamp() - interval '1 hour' AND token <> %(token)s
-)
-INSERT INTO {ARM} (token, process, armed_at, armed_until)
-VALUES (%(token)s, %(process)s, clock_timestamp(), clock_timestamp() + make_interval(secs => %(lease)s))
-ON CONFLICT (token) DO UPDATE SET armed_at = EXCLUDED.armed_at, armed_until = EXCLUDED.armed_until
-RETURNING extract(epoch FROM armed_until - clock_timestamp())::float8
-"""
-
-# Only extends a lease that has not run out: after a lapse the writers may have
-# skipped announcements, and only a fresh arm (fence, hand-over) covers that.
-RENEW_SQL = f"""
-UPDATE {ARM} SET armed_until = clock_timestamp() + make_interval(secs => %(lease)s)
-WHERE token = %(token)s AND armed_until > clock_timestamp()
-RETURNING extract(epoch FROM armed_until - clock_timestamp())::float8
-"""
-
-DISARM_SQL = f"UPDATE {ARM} SET armed_until = clock_timestamp() WHERE token = %(token)s"
+# The arm's own statements are the store's (store.arms): ARM_SQL, RENEW_SQL, DISARM_SQL.
 
 # Run as its own statement after the arm committed, so its snapshot is later.
 # A transaction pg_stat_activity cannot place (another role's, a prepared one)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-import dispatch_app.redis_servers as redis_servers
+import dispatch_app.rq.servers as redis_servers
+from dispatch_app.config.tuning import MIN_PROBE_BACKOFF
 from dispatch_app.dispatch.breaker import CLOSED, OPEN, BreakerState, CircuitBreaker
-from dispatch_app.tuning import MIN_PROBE_BACKOFF
 
 log = logging.getLogger("dispatch_app.dispatch")
 

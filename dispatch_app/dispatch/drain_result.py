@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dispatch_app.dispatch.breaker import CLOSED, BreakerState
-from dispatch_app.runtime.wake import TICK
+from dispatch_app.dispatch.wake import TICK
 
 
 @dataclass
@@ -32,7 +32,7 @@ class DrainResult:
     claim_skipped: bool = False  # an announced-only wake whose envelopes were all sent ahead: no claim
     paused: bool = False  # nothing was claimed: the breaker is open and its probe is not due
     batch_sizes: list[int] = field(default_factory=list)
-    # For the metrics (dispatch_app.ops.metrics): outbox waits of the envelopes marked
+    # For the metrics (dispatch_app.housekeeping.metrics): outbox waits of the envelopes marked
     # dispatched (s, database clock), and host time spent getting a connection / claiming.
     latencies: list[float] = field(default_factory=list)
     connect_seconds: float = 0.0

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-import dispatch_app.store.events as events
-from dispatch_app.rq_ids import rq_job_id
-from dispatch_app.store.claim import Claimed
+import dispatch_app.rq.ids as ids
+import dispatch_app.store.api as store
+from dispatch_app.store.api import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
 
@@ -27,7 +27,7 @@ def note(envelopes: list[Claimed], where: str) -> None:
     """Log and record the foreign hashes a send replaced; never raises (the send itself succeeded)."""
     if not envelopes:
         return
-    shown = ", ".join(rq_job_id(e.job_id, e.attempt) for e in envelopes[:10])
+    shown = ", ".join(ids.rq_job_id(e.job_id, e.attempt) for e in envelopes[:10])
     log.warning(
         "%s: %d send(s) found a job hash this deployment did not write at their RQ id and replaced it: %s%s",
         where,
@@ -37,7 +37,7 @@ def note(envelopes: list[Claimed], where: str) -> None:
         extra={"action": KIND, "domain": envelopes[0].domain},
     )
     try:
-        events.record_many(
+        store.record_many(
             {"job_id": e.job_id, "attempt": e.attempt, "kind": KIND, "reason": REASON, "data": {"sender": where}}
             for e in envelopes
         )

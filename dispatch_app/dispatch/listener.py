@@ -28,9 +28,9 @@ from django.db import connection as django_connection
 from psycopg import pq
 
 import dispatch_app.dispatch.announced as announced
-from dispatch_app.conf import NOTIFY_CHANNEL, DispatchSettings
+from dispatch_app.config.settings import NOTIFY_CHANNEL, DispatchSettings
 from dispatch_app.dispatch.arming import Arming
-from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, Wake
+from dispatch_app.dispatch.wake import CATCH_UP, NOTIFY, Wake
 
 log = logging.getLogger("dispatch_app.listener")
 

@@ -24,19 +24,19 @@ from concurrent.futures import Future
 
 from django.db import connection
 
+import dispatch_app.config.failpoints as failpoints
 import dispatch_app.dispatch.announced as announced
-import dispatch_app.failpoints as failpoints
-import dispatch_app.store.claim as claim
-from dispatch_app.conf import DispatchSettings, check_lease
+import dispatch_app.store.api as store
+from dispatch_app.config.settings import DispatchSettings, check_lease
+from dispatch_app.config.tuning import MAX_REMEMBERED_GIVE_BACKS
 from dispatch_app.dispatch.breaker import CircuitBreaker
 from dispatch_app.dispatch.breakers import Breakers
 from dispatch_app.dispatch.drain_result import DrainResult
 from dispatch_app.dispatch.marker import Marker
-from dispatch_app.dispatch.publisher import PermanentSendError, Publisher
 from dispatch_app.dispatch.sender import BoundedSender
 from dispatch_app.dispatch.sends import BatchRecord, Halt, chunks, sort_outcomes
-from dispatch_app.runtime.wake import DUE, MARK, NOTIFY, TICK, Wake
-from dispatch_app.tuning import MAX_REMEMBERED_GIVE_BACKS
+from dispatch_app.dispatch.wake import DUE, MARK, NOTIFY, TICK, Wake
+from dispatch_app.rq.publish import PermanentSendError, Publisher
 
 log = logging.getLogger("dispatch_app.dispatch")
 
@@ -223,7 +223,7 @@ class DispatchLoop:
         started = time.perf_counter()
         connection.ensure_connection()
         connected = time.perf_counter()
-        batch = claim.claim_batch(limit or conf.BATCH_SIZE, conf.LEASE_SECONDS, writer_grace=conf.SUBMIT_SEND_GRACE)
+        batch = store.claim_batch(limit or conf.BATCH_SIZE, conf.LEASE_SECONDS, writer_grace=conf.SUBMIT_SEND_GRACE)
         result.connect_seconds = connected - started
         result.claim_seconds = time.perf_counter() - connected
         result.claimed = len(batch.envelopes)
@@ -272,7 +272,7 @@ class DispatchLoop:
         if record is None:
             return result
         started = record.send_started
-        marked = claim.mark_dispatched(
+        marked = store.mark_dispatched(
             record.sent_ids,
             record.token,
             result.latencies,
@@ -297,7 +297,7 @@ class DispatchLoop:
                 reason,
                 extra={"action": "envelope_dead", "domain": envelope.domain},
             )
-        result.released = claim.release(record.skipped_ids, record.token)
+        result.released = store.release(record.skipped_ids, record.token)
         for key, ids in record.outage_ids.items():
             server = key.removeprefix("held:")
             breaker = self.breakers.get(server)
@@ -305,7 +305,7 @@ class DispatchLoop:
             error = record.outage_error.get(server) or (breaker.error if breaker is not None else "")
             note = f"dispatch paused: {reason}: {error}"
             delay = record.outage_delay.get(key, 0.0)
-            result.outage_released += claim.release(ids, record.token, error=note, delay=delay)
+            result.outage_released += store.release(ids, record.token, error=note, delay=delay)
             # Remembered so a tick that finds them again is no missed wake-up (bounded memory).
             if len(self._given_back) < MAX_REMEMBERED_GIVE_BACKS:
                 self._given_back.update(ids)
@@ -313,7 +313,7 @@ class DispatchLoop:
 
     def _record_failure(self, result: DrainResult, ids: list[int], token, error: str, *, permanent: bool) -> None:
         conf = self.conf
-        statuses = claim.mark_failed(
+        statuses = store.mark_failed(
             ids,
             token,
             error,

@@ -17,10 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 
 import dispatch_app.dispatch.foreign as foreign
-import dispatch_app.redis_servers as redis_servers
+import dispatch_app.rq.servers as redis_servers
+from dispatch_app.config.tuning import MIN_PROBE_BACKOFF
 from dispatch_app.dispatch.breaker import OPEN, outage_reason
-from dispatch_app.store.claim import Claimed
-from dispatch_app.tuning import MIN_PROBE_BACKOFF
+from dispatch_app.store.api import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
 

@@ -3,7 +3,7 @@
 With it a job's path from commit to start has no dispatcher on it: the submit's statement leases the envelopes
 it inserts to their writer (``store.writer_lease``), announces none of them, and once the transaction commits
 (``transaction.on_commit``: never before, never after a rollback) this module sends them with the dispatcher's
-own create-if-absent send (``dispatch.publisher``). The worker's start marks such an envelope dispatched. At a
+own create-if-absent send (``rq.publish``). The worker's start marks such an envelope dispatched. At a
 hundred jobs a second that is one PostgreSQL round trip per job fewer than a dispatcher's send-ahead (the
 listener's read of each NOTIFY), and one process fewer between the commit and the job's first line.
 
@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 
+import dispatch_app.config.failpoints as failpoints
 import dispatch_app.dispatch.foreign as foreign
-import dispatch_app.failpoints as failpoints
-from dispatch_app.conf import cached_settings, dispatch_settings
+from dispatch_app.config.settings import cached_settings, dispatch_settings
 from dispatch_app.dispatch.breaker import outage_reason
-from dispatch_app.dispatch.publisher import Publisher
-from dispatch_app.store.claim import Claimed
+from dispatch_app.rq.publish import Publisher
+from dispatch_app.store.api import Claimed
 
 log = logging.getLogger("dispatch_app.dispatch")
 

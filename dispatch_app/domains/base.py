@@ -21,7 +21,7 @@ _SHOWN = 40
 def shown(value: Any) -> str:
     """A payload's value as a message echoes it: cut to a short prefix with its length (a key may be 1 MB long).
 
-    The same rule as ``dispatch_app.payloads.shown``, here without Django (see the module's docstring).
+    The same rule as ``dispatch_app.outbox.payloads.shown``, here without Django (see the module's docstring).
     """
     if isinstance(value, str) and len(value) > _SHOWN:
         return f"{value[:_SHOWN]!r}... ({len(value)} characters)"
@@ -100,8 +100,8 @@ class RecoveryPolicy:
     def in_doubt(self, *, askable: bool) -> str:
         """What the next attempt does about a vendor call an interrupted attempt left in doubt.
 
-        The one place this is decided: the worker (``worker._provider_failed``), the
-        ledger (``worker.ledger.Ledger``) and recovery (``recovery.decide``) all ask it.
+        The one place this is decided: the worker (``execution.attempt._provider_failed``), the
+        ledger (``execution.ledger.Ledger``) and recovery (``recovery.decide``) all ask it.
         ``askable``: the call has a request id the vendor keeps a record of.
 
         - ``RERUN``: the domain (or task queue) is retry-safe: the call is made again;

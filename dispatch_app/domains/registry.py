@@ -22,12 +22,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-import dispatch_app.lanes as lanes
-import dispatch_app.redis_servers as redis_servers
+import dispatch_app.domains.lanes as lanes
 from dispatch_app.domains.base import DEFAULT_TASK_PREFIX, Domain, Field, RecoveryPolicy
 
 # The shipped demo domains: a project asks for them (PRODUCTFLOW_DOMAINS = [*DEFAULT_DOMAINS, ...]); unset means
@@ -113,10 +111,25 @@ def register(domain: Domain) -> Domain:
         return registered
 
 
+# Called with every declared queue whenever the set of domains is loaded (``on_loaded``): the RQ side gives each
+# queue its RQ_QUEUES entry (``rq.servers.add_queue_entries``, handed down at app start-up).
+_loaded_hooks: list = []
+
+
+def on_loaded(hook) -> None:
+    """Call ``hook(queues)`` (every declared queue, in order) now and each time the domains are loaded again."""
+    if hook not in _loaded_hooks:
+        _loaded_hooks.append(hook)
+    if _domains is not None:
+        hook(queue_names())
+
+
 def _set_loaded(domains: dict[str, Domain]) -> None:
     global _domains
     _domains = domains
-    redis_servers.add_queue_entries(tuple(dict.fromkeys(d.queue for d in domains.values())))
+    queues = tuple(dict.fromkeys(d.queue for d in domains.values()))
+    for hook in _loaded_hooks:
+        hook(queues)
 
 
 def _resolve(path: object) -> list[Domain]:
@@ -232,9 +245,6 @@ def is_registered(key: str) -> bool:
     return key in _load()
 
 
-def domain_connection(domain: str) -> redis.Redis:
-    """The Redis connection of a domain's queue (a key no longer declared: a queue of that name)."""
-    try:
-        return redis_servers.queue_connection(get_domain(domain).queue)
-    except UnknownDomain:
-        return redis_servers.queue_connection(domain)
+def lane_domains(queue: str) -> tuple[str, ...]:
+    """The keys of the domains whose queue has the RQ queue ``queue`` as a lane."""
+    return tuple(d.key for d in _load().values() if queue in lanes.queues(d.queue))

@@ -4,8 +4,8 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-import dispatch_app.dbtime
-from dispatch_app.store.migration_locks import BoundedMigration
+import dispatch_app.db.clock
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):
@@ -36,7 +36,7 @@ class Migration(BoundedMigration):
                         max_length=20,
                     ),
                 ),
-                ("created_at", models.DateTimeField(db_default=dispatch_app.dbtime.ClockTimestamp())),
+                ("created_at", models.DateTimeField(db_default=dispatch_app.db.clock.ClockTimestamp())),
                 ("finished_at", models.DateTimeField(blank=True, null=True)),
                 ("result", models.JSONField(blank=True, null=True)),
                 ("error", models.TextField(blank=True, default="")),

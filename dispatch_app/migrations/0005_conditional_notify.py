@@ -6,8 +6,8 @@ import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
 
-import dispatch_app.dbtime
-from dispatch_app.store.migration_locks import BoundedMigration
+import dispatch_app.db.clock
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):
@@ -22,7 +22,7 @@ class Migration(BoundedMigration):
             fields=[
                 ("token", models.UUIDField(primary_key=True, serialize=False)),
                 ("process", models.CharField(blank=True, default="", max_length=200)),
-                ("armed_at", models.DateTimeField(db_default=dispatch_app.dbtime.ClockTimestamp())),
+                ("armed_at", models.DateTimeField(db_default=dispatch_app.db.clock.ClockTimestamp())),
                 ("armed_until", models.DateTimeField()),
             ],
         ),

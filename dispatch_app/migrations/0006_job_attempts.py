@@ -1,12 +1,12 @@
 # Per-attempt history (issue 12): JobAttempt, kept by triggers (dispatch_app/history_triggers.py),
 # and a backfill: earlier attempts from their envelopes, the current attempt from the job row.
 
-import dispatch_app.dbtime
+import dispatch_app.db.clock
 import django.db.models.deletion
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 # A copy of dispatch_app.history_triggers.BACKFILL_SQL as it was when this migration was written.
 BACKFILL_SQL = """INSERT INTO dispatch_app_jobattempt (job_id, attempt, domain, created_at, due_at, dispatched_at, started_at, worker, finished_at, outcome, error)
@@ -40,7 +40,7 @@ class Migration(BoundedMigration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('attempt', models.PositiveIntegerField()),
                 ('domain', models.CharField(max_length=32)),
-                ('created_at', models.DateTimeField(db_default=dispatch_app.dbtime.ClockTimestamp())),
+                ('created_at', models.DateTimeField(db_default=dispatch_app.db.clock.ClockTimestamp())),
                 ('due_at', models.DateTimeField(blank=True, null=True)),
                 ('dispatched_at', models.DateTimeField(blank=True, null=True)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),

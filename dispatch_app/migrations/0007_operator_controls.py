@@ -3,8 +3,8 @@
 
 from django.db import migrations, models
 
-import dispatch_app.dbtime
-from dispatch_app.store.migration_locks import BoundedMigration
+import dispatch_app.db.clock
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):
@@ -18,7 +18,7 @@ class Migration(BoundedMigration):
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
                 ("domain", models.CharField(max_length=32, unique=True)),
-                ("paused_at", models.DateTimeField(db_default=dispatch_app.dbtime.ClockTimestamp())),
+                ("paused_at", models.DateTimeField(db_default=dispatch_app.db.clock.ClockTimestamp())),
                 ("paused_by", models.CharField(blank=True, default="", max_length=150)),
                 ("reason", models.TextField(blank=True, default="")),
             ],

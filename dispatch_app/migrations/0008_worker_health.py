@@ -2,7 +2,7 @@
 # Worker health records (issue 9).
 
 from django.db import migrations
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):

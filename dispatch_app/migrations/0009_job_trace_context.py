@@ -1,8 +1,8 @@
-# The submitter's W3C trace context on the job (issue 13 part 3, dispatch_app.tracing). Nullable, no default:
+# The submitter's W3C trace context on the job (issue 13 part 3, dispatch_app.timeline.tracing). Nullable, no default:
 # adding it rewrites nothing, and an untraced submit writes NULL.
 
 from django.db import migrations, models
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):

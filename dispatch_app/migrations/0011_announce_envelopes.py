@@ -3,7 +3,7 @@
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):

@@ -1,9 +1,9 @@
 from django.db import migrations, models
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):
-    """DispatcherProcess.session: the application_name of the process's liveness session (dispatch_app.liveness)."""
+    """DispatcherProcess.session: the application_name of the process's liveness session (dispatch_app.db.liveness)."""
 
     dependencies = [
         ("dispatch_app", "0012_operator_audit"),

@@ -5,7 +5,7 @@
 # waits) while it scans the whole outbox. The state change is the model's; the database change is the DROP INDEX.
 
 from django.db import migrations, models
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 ENVELOPE_INDEX = "dispatch_app_dispatchenvelope_job_id_b7f066fc"
 ATTEMPT_INDEX = "dispatch_app_jobattempt_job_id_3c74db34"

@@ -4,7 +4,7 @@
 
 from django.contrib.postgres.operations import RemoveIndexConcurrently
 from django.db import migrations
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 
 class Migration(BoundedMigration):

@@ -2,10 +2,10 @@
 # (job_id, seq, id), jobevent_job_at (job_id, at) and loopheartbeat_one_per_loop (process_id, loop) serve every
 # lookup by their foreign key, and the parent's cascade delete. So every ledger record and every job event wrote an
 # index entry nothing read (issue 27 item 4). The state says db_index=False; the indexes go CONCURRENTLY, so
-# ledger records and events go on while they go (tests/integration/test_index_prefixes.py keeps it so).
+# ledger records and events go on while they go (tests/integration/store/test_index_prefixes.py keeps it so).
 
 from django.db import migrations, models
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 # (model, foreign key, parent, the index Django named for it, its table, its column)
 DROPPED = [

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from dispatch_app.config.tuning import RQ_LIST_READ_MAX
 from dispatch_app.domains.base import CONCLUDE, RERUN
-from dispatch_app.tuning import RQ_LIST_READ_MAX
 
 REDISPATCH = "redispatch"
 LEAVE_ALONE = "leave_alone"
@@ -160,7 +160,7 @@ def decide(state: JobState, evidence: Evidence, policy, now: datetime) -> Decisi
     if evidence.rq_status == "started" and evidence.worker_alive:
         return Decision(LEAVE_ALONE, f"running on live worker {evidence.worker_name}")
     if evidence.rq_never_started and not state.in_doubt:
-        # A worker makes the start in PostgreSQL while Redis hands it the job (worker.start_protocol) and runs the
+        # A worker makes the start in PostgreSQL while Redis hands it the job (execution.start_protocol) and runs the
         # job only once Redis has its start too: it stopped in between. Calls in doubt (an earlier attempt's,
         # then) are the ledger's to settle first, below.
         return _attempt_or_fail(

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-import dispatch_app.store.vendor_calls as vendor_calls
+import dispatch_app.store.api as store
 from dispatch_app.recovery.decide import JobState
 from dispatch_app.store.tables import ENVELOPE, JOB
 
@@ -47,14 +47,14 @@ FOR UPDATE OF j SKIP LOCKED
 LEDGER_MARK = (
     f"(SELECT count(*) || '/' || count(*) FILTER (WHERE v.status IN ('pending', 'unknown')) || '/' "
     f"|| coalesce(max(v.id), 0) || '/' || coalesce(max(v.finished_at)::text, '') "
-    f"FROM {vendor_calls.TABLE} v WHERE v.job_id = j.id)"
+    f"FROM {store.TABLE} v WHERE v.job_id = j.id)"
 )
 
 REREAD_SQL = f"""
 SELECT j.id, j.status, j.attempt, j.updated_at, j.vendor_request_id, j.started_at,
        (SELECT e.status FROM {ENVELOPE} e WHERE e.job_id = j.id AND e.attempt = j.attempt),
        clock_timestamp(),
-       (SELECT count(*) FROM {vendor_calls.TABLE} v WHERE v.job_id = j.id),
+       (SELECT count(*) FROM {store.TABLE} v WHERE v.job_id = j.id),
        {LEDGER_MARK}
 FROM {JOB} j
 WHERE j.id = ANY(%s)
@@ -165,7 +165,7 @@ def reread_many(job_ids: list[int]) -> dict[int, tuple[JobState, datetime]]:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         cursor.execute(REREAD_SQL, [list(job_ids)])
         rows = cursor.fetchall()
-        in_doubt = {row[0]: tuple(vendor_calls.unsettled(row[0])) for row in rows if row[8]}
+        in_doubt = {row[0]: tuple(store.unsettled(row[0])) for row in rows if row[8]}
     states = {}
     for job_id, status, attempt, updated_at, request_id, started_at, envelope_status, now, recorded, mark in rows:
         state = JobState(

@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from dispatch_app.config.loops import STOP, TICK
+from dispatch_app.config.tuning import PACED_OUT_REPORT_EVERY
 from dispatch_app.recovery import discovery
 from dispatch_app.recovery.round import Round, RoundResult, RoundSignals
-from dispatch_app.runtime.wake import STOP, TICK
-from dispatch_app.tuning import PACED_OUT_REPORT_EVERY
 
 log = logging.getLogger("dispatch_app.recovery")
 

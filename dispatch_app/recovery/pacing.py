@@ -1,6 +1,6 @@
 """Recovery paces its re-dispatches by the headroom new work has left at the workers.
 
-Lanes (``dispatch_app.lanes``) keep a recovered job from waiting in front of a
+Lanes (``dispatch_app.domains.lanes``) keep a recovered job from waiting in front of a
 new one inside a worker, but recovered jobs still use CPU, and a worker process
 running a recovery storm of four domains slows the delivery worker beside it on
 the same host. Only recovery itself can give that CPU back: by sending less.
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from django.db import Error, connection
 
-from dispatch_app.tuning import BASELINE_DRIFT, GROWTH_PER_SECOND, MIN_SAMPLES, QUANTILE, SAMPLE_SECONDS
+from dispatch_app.config.tuning import BASELINE_DRIFT, GROWTH_PER_SECOND, MIN_SAMPLES, QUANTILE, SAMPLE_SECONDS
 
 log = logging.getLogger("dispatch_app.recovery")
 

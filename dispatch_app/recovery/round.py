@@ -26,14 +26,12 @@ from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-import dispatch_app.failpoints as failpoints
+import dispatch_app.config.failpoints as failpoints
 import dispatch_app.recovery.decide as decisions
 import dispatch_app.recovery.discovery as discovery
 import dispatch_app.recovery.evidence as evidence
-import dispatch_app.store.events as events
-import dispatch_app.store.jobs as job_rows
-from dispatch_app.models import RecoveryRound
-from dispatch_app.recovery.actions import ROUND_FATAL, Actions, Planned
+import dispatch_app.store.api as store
+from dispatch_app.recovery.apply import ROUND_FATAL, Actions, Planned
 from dispatch_app.recovery.event_kinds import ERROR_EVENT
 from dispatch_app.recovery.result import CandidateReport, RoundResult
 
@@ -99,7 +97,7 @@ class Round:
     @property
     def redis(self):
         if self._redis is None:
-            from dispatch_app.domains.registry import domain_connection
+            from dispatch_app.rq.servers import domain_connection
 
             # Evidence is read where the domain's queue lives (its RQ_QUEUES entry).
             self._redis = domain_connection(self.domain)
@@ -109,7 +107,7 @@ class Round:
     def provider(self):
         if self._provider is not None:
             return self._provider
-        from dispatch_app.providers import get_provider
+        from dispatch_app.domains.providers import get_provider
 
         return get_provider()
 
@@ -197,8 +195,8 @@ class Round:
             return
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                if job_rows.touch(cursor, candidate.job_id, candidate.attempt, unfinished_only=True):
-                    events.record(
+                if store.touch(cursor, candidate.job_id, candidate.attempt, unfinished_only=True):
+                    store.record_event(
                         candidate.job_id,
                         candidate.attempt,
                         ERROR_EVENT,
@@ -302,27 +300,10 @@ class Round:
             return
         try:
             if result.round_id is None:
-                result.round_id = RecoveryRound.objects.create(domain=self.domain, process=self.process[:200]).pk
+                result.round_id = store.open_round(self.domain, self.process)
             if final:
                 with connection.cursor() as cursor:
-                    cursor.execute(
-                        "UPDATE dispatch_app_recoveryround SET finished_at = clock_timestamp(), scanned = %s, "
-                        "redispatched = %s, left_alone = %s, unknown = %s, failed = %s, skipped = %s, errors = %s, "
-                        "has_more = %s, oldest_candidate_age = %s, error = %s WHERE id = %s",
-                        [
-                            result.scanned,
-                            result.redispatched,
-                            result.left_alone,
-                            result.unknown,
-                            result.failed,
-                            result.skipped,
-                            result.errors,
-                            result.has_more,
-                            result.oldest_candidate_age,
-                            result.error[:4000],
-                            result.round_id,
-                        ],
-                    )
+                    store.finish_round(cursor, result.round_id, result)
         except (OperationalError, InterfaceError):
             if not result.error:
                 raise

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dispatch_app.conf import DispatchSettings
+from dispatch_app.config.settings import DispatchSettings
+from dispatch_app.config.tuning import DEFAULT_NICE
 from dispatch_app.domains import domain_keys
-from dispatch_app.ops.wiring import Ops
+from dispatch_app.housekeeping.wiring import Ops
 from dispatch_app.runtime.supervisor import Supervisor
-from dispatch_app.tuning import DEFAULT_NICE
 
 
 def build(conf: DispatchSettings, options: dict) -> Supervisor:
@@ -45,7 +45,7 @@ def add_recovery_process(
     yield_to_new_work: bool = True,
 ):
     """The default: the recovery loops in a supervised child process at a lower CPU priority."""
-    from dispatch_app.recovery.policy import resolve
+    from dispatch_app.domains.policy import resolve
     from dispatch_app.runtime.recovery_process import RecoveryProcessLoop, RecoveryProcessRunner
 
     # Resolved here too, so a bad override fails this command, not a child restarted forever.
@@ -80,9 +80,9 @@ def add_recovery_loops(
     ``yield_to_new_work`` (the recovery child): a round waits while the outbox
     has a backlog, at most one period (runtime.yielding).
     """
+    from dispatch_app.domains.policy import resolve
     from dispatch_app.recovery.loop import RecoveryLoop
     from dispatch_app.recovery.pacing import Pacer
-    from dispatch_app.recovery.policy import resolve
     from dispatch_app.runtime.yielding import YieldingWait
 
     # Resolved before any thread starts: a bad override fails the start, not a loop.

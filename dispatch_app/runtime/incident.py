@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from dispatch_app.tuning import SUMMARY_EVERY
+from dispatch_app.config.tuning import SUMMARY_EVERY
 
 _NUMBERS = re.compile(r"\d+")
 

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 
-from dispatch_app.conf import DispatchSettings
+from dispatch_app.config.settings import DispatchSettings
 
 log = logging.getLogger("dispatch_app.runtime.recovery_child")
 

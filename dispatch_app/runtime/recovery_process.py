@@ -30,10 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from dispatch_app.conf import DispatchSettings
+from dispatch_app.config.settings import DispatchSettings
+from dispatch_app.config.tuning import CHILD_DEADLINE_SHARE
+from dispatch_app.dispatch.wake import STOP, TICK
 from dispatch_app.runtime.runner import LoopRunner
-from dispatch_app.runtime.wake import STOP, TICK
-from dispatch_app.tuning import CHILD_DEADLINE_SHARE
 
 log = logging.getLogger("dispatch_app.runtime.recovery_process")
 
@@ -76,7 +76,7 @@ def child_env(conf: DispatchSettings) -> dict[str, str]:
     env["REDIS_URL"] = settings.REDIS_URL
     # A domain on its own Redis (RQ_QUEUES) reads its evidence there in the child too.
     from dispatch_app.domains import queue_names
-    from dispatch_app.redis_servers import queue_url
+    from dispatch_app.rq.servers import queue_url
 
     for queue in queue_names():
         env.pop(f"REDIS_URL_{queue.upper()}", None)

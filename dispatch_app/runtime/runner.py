@@ -20,7 +20,7 @@ from typing import Protocol
 from django.db import close_old_connections, connections
 
 import dispatch_app.runtime.incident as incident
-from dispatch_app.dbcheck import ConnectionCheck
+from dispatch_app.db.check import ConnectionCheck
 from dispatch_app.runtime.incident import Incidents
 
 log = logging.getLogger("dispatch_app.runtime")
@@ -56,7 +56,7 @@ class LoopRunner:
         self.on_success = on_success
         self.on_error = on_error
         # None: the connection is health-checked before every step (a SELECT 1 each time); the dispatch
-        # loop's steps are one per drain, so it checks only after an error or an idle spell (dbcheck).
+        # loop's steps are one per drain, so it checks only after an error or an idle spell (db.check).
         self.db_check = db_check
         self.incidents = incidents if incidents is not None else incident.PROCESS
         self.thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)

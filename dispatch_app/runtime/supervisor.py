@@ -14,12 +14,12 @@ import time
 
 from django.db import close_old_connections
 
-from dispatch_app.conf import DispatchSettings
-from dispatch_app.dbcheck import ConnectionCheck
+from dispatch_app.config.settings import DispatchSettings
+from dispatch_app.db.check import ConnectionCheck
 from dispatch_app.dispatch.listener import Listener
 from dispatch_app.dispatch.loop import DispatchLoop
+from dispatch_app.dispatch.wake import CATCH_UP, STOP, Wake
 from dispatch_app.runtime.runner import LoopRunner
-from dispatch_app.runtime.wake import CATCH_UP, STOP, Wake
 
 log = logging.getLogger("dispatch_app.supervisor")
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from django.db import Error, connection
 
-from dispatch_app.tuning import BACKLOG_GRACE, CHECK_INTERVAL
+from dispatch_app.config.tuning import BACKLOG_GRACE, CHECK_INTERVAL
 
 log = logging.getLogger("dispatch_app.runtime")
 

@@ -1,21 +1,20 @@
-"""The store: every write to a job's rows -- the job, its envelopes, its attempts, its events, its vendor calls.
+"""The store: every write to every table of the app, behind one front door (``store.api``).
 
-The engines (dispatcher, worker, recovery), the operator's actions and the ``django.tasks`` backend call these
-functions and hold no SQL write of their own on those tables (``tests/unit/test_store_owns_writes.py`` reads the
-source and fails naming any that appears elsewhere). Each move is a compare-and-set in its WHERE clause.
+Engines, operator actions, housekeeping and the ``django.tasks`` backend import ``dispatch_app.store.api`` and call
+its named operations; they hold no SQL or ORM write of their own (``tests/unit/test_store_owns_writes.py`` reads the
+source and fails naming any that appears elsewhere, and ``tests/unit/test_import_layers.py`` any import past the
+door). Each move of a job is a compare-and-set in its WHERE clause.
 
 - ``transitions``: the job's state machine, one statement per move (its diagram is there).
 - ``jobs``: the job's creation with its first envelope (the outbox write), and the writes beside its status.
-- ``envelopes``: the one envelope builder (a new envelope's columns, shared by submit, re-dispatch and re-arm)
-  and the operator's envelope moves.
-- ``claim``: the dispatcher's envelope statements (claim, mark, fail, release).
-- ``events``: a job's history rows (``JobEvent``).
-- ``history_triggers``: the attempt history (``JobAttempt``), written by PostgreSQL triggers.
-- ``notify_triggers``: the envelope triggers that wake the dispatchers (NOTIFY, delivered on commit).
-- ``trigger_sql``: how those triggers are installed (django-pgtrigger's SQL without its per-call ignore check).
-- ``vendor_calls``: the vendor-call ledger.
-- ``retention``: pruning what no one reads any more.
-- ``tables``: the table names, from the models.
+- ``envelope_builder``, ``envelopes``: a new envelope's columns, and the operator's envelope moves.
+- ``claim``: the dispatcher's envelope statements (claim, mark, fail, release); ``batch_redispatch``: a recovery
+  round's re-dispatches; ``writer_lease``: an envelope its writer sends.
+- ``events``: a job's history rows; ``vendor_calls``: the vendor-call ledger.
+- ``arms``, ``pauses``, ``heartbeats``, ``recovery_rounds``: a dispatcher's arm, an operator's pause, the processes'
+  heartbeats, recovery's rounds; ``retention``: pruning.
+- ``tables``: the table names, from the models (a read may import them); ``triggers/``: the schema's trigger SQL
+  (the attempt history, the NOTIFY) and the migrations' bounded locks, a leaf the models import.
 
-Nothing is imported here, so ``models`` can load ``store.history_triggers`` (a leaf) without the rest.
+Nothing is imported here, so ``models`` can load ``store.triggers`` without the rest.
 """

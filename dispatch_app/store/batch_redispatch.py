@@ -11,13 +11,13 @@ from functools import cache
 
 from django.db import connection
 
-import dispatch_app.lanes as lanes
+import dispatch_app.domains.lanes as lanes
 import dispatch_app.store.events as events
+from dispatch_app.config.tuning import RECOVERY_SPREAD_STEP
 from dispatch_app.domains import get_domain
 from dispatch_app.store.envelope_builder import fresh_insert, fresh_params
 from dispatch_app.store.tables import ENVELOPE, JOB
 from dispatch_app.store.transitions import UNFINISHED, IllegalTransition
-from dispatch_app.tuning import RECOVERY_SPREAD_STEP
 
 
 @cache

@@ -15,16 +15,14 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-import dispatch_app.prepared as prepared
-import dispatch_app.stage_sql as stage_sql
+import dispatch_app.db.prepared as prepared
 import dispatch_app.store.transitions as transitions
 import dispatch_app.store.writer_lease as writer_lease
-import dispatch_app.tracing as tracing
-from dispatch_app.conf import dispatch_settings
-from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB
-from dispatch_app.tuning import AGAIN_PER_CLAIM
-
-PAUSE = "dispatch_app_domainpause"
+import dispatch_app.timeline.stage_sql as stage_sql
+import dispatch_app.timeline.tracing as tracing
+from dispatch_app.config.settings import dispatch_settings
+from dispatch_app.config.tuning import AGAIN_PER_CLAIM
+from dispatch_app.store.tables import ATTEMPT, ENVELOPE, JOB, PAUSE
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 # SubPlan) and its rows are passed over by a filter on the same index scan.
 # NOT IN, not `<> ALL (ARRAY(...))` or NOT EXISTS: with those the planner
 # estimates ~0 matching rows and switches to a bitmap scan plus a Sort
-# (tests/integration/test_claim_plan.py). Nothing is paused almost always, so the
+# (tests/integration/store/test_claim_plan.py). Nothing is paused almost always, so the
 # filter removes nothing; while a domain is paused, each claim steps over that
 # domain's due rows in front of the others.
 #
@@ -92,7 +90,7 @@ ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_
 # is one more read of each index, stopping at the first row past the clock
 # bound, in the statement's snapshot (so not this claim's own leases). The
 # claimed rows are LEFT JOINed to that one row: an empty claim still returns it.
-# Later attempts per claim: AGAIN_PER_CLAIM (dispatch_app.tuning).
+# Later attempts per claim: AGAIN_PER_CLAIM (dispatch_app.config.tuning).
 CLAIM_SQL = f"""
 WITH first AS (
     SELECT id FROM {ENVELOPE}
@@ -195,7 +193,7 @@ def _mark_sql(marked: str) -> str:
 WITH marked AS ({marked}
 ), waits AS (
     -- The outbox wait starts when the envelope is due: a delayed submit or a retry backoff is its own stage
-    -- (dispatch_app.stages defines it), kept by the attempt history only for envelopes created with a delay.
+    -- (dispatch_app.timeline.stages defines it), kept by the attempt history only for envelopes created with a delay.
     SELECT {stage_sql.seconds_sql("outbox", "s")} AS latency
     FROM (
         SELECT m.created_at, a.due_at, m.dispatched_at, NULL::timestamptz AS started_at,

@@ -2,7 +2,7 @@
 
 Written in the caller's transaction (or as its own autocommit statement), so an event commits with the move it
 describes or not at all. The dispatcher's own events are written inside its envelope statements
-(``store.claim``), the attempt history by triggers (``store.history_triggers``).
+(``store.claim``), the attempt history by triggers (``store.triggers.history``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Pruning in bounded batches: dispatched envelopes, recovery rounds, dispatcher processes (ops.retention runs it).
+"""Pruning in bounded batches: dispatched envelopes, recovery rounds, dispatcher processes (``housekeeping.retention``
+runs it).
 
 Each batch is its own short transaction deleting at most ``batch_size`` rows picked with FOR UPDATE SKIP LOCKED
 (a row a dispatcher or an operator holds is left for next time). Ages are on the database clock.

@@ -18,12 +18,12 @@ which is what makes the guard hold across concurrent transactions.
 
 The statements run on the caller's cursor, inside the caller's transaction
 (or as the caller's one autocommit statement): moving them here changed no SQL
-and no round trip (tests/integration/test_worker_cost.py pins the worker's two).
+and no round trip (tests/integration/execution/test_worker_cost.py pins the worker's two).
 The ``*_CTE`` pieces are parts of the dispatcher's envelope statements, named
 here so the job's side of those statements is owned here too; they read the
 CTE named in their comment.
 
-The job's creation (``submitted``, attempt 1) is the outbox write (``store.jobs``, called by ``dispatch_app.outbox``).
+The job's creation (``submitted``, attempt 1) is the outbox write (``store.jobs``, called by ``outbox.submit``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-import dispatch_app.lanes as lanes
+import dispatch_app.domains.lanes as lanes
 import dispatch_app.store.events as events
 import dispatch_app.store.vendor_calls as vendor_calls
 from dispatch_app.domains import get_domain
@@ -81,9 +81,9 @@ DEAD_LETTER_CTE = f"""UPDATE {JOB} j
 #   - pending and leased (a dispatcher claimed it while it was due, and is sending it), or
 #   - pending and claimed before (send_attempts > 0: a send whose reply was lost may have reached RQ), or
 #   - pending and due now (available_at <= the database clock): sent ahead of its claim. A writer's NOTIFY
-#     names an envelope only when it is due and its domain not paused (store.notify_triggers.NOTIFY_INSERTED),
+#     names an envelope only when it is due and its domain not paused (store.triggers.notify.NOTIFY_INSERTED),
 #     and an idle dispatcher sends it before claiming it (dispatch.loop._send_announced), so it is still
-#     pending, never leased, when its job starts (DESIGN.md, "A sent-ahead envelope is still pending").
+#     pending, never leased, when its job starts (docs/architecture.md, "A sent-ahead envelope is still pending").
 #     Accepting it admits nothing the dispatcher would not send at its next claim anyway.
 # So a job scheduled for later, one whose envelope is dead or missing, or one of a paused domain does not
 # start, whoever names it. A refused start changes nothing (no row); the worker asks why (START_REFUSAL_SQL).
@@ -135,7 +135,7 @@ WHERE j.id = %s AND j.attempt = %s AND j.status = 'running' AND a.worker = %s
 """
 
 # running -> queued | submitted, same attempt: a worker that started the job in PostgreSQL ahead of its take from
-# Redis (dispatch_app.worker.start_protocol) did not get the job to run. Only that start (its started_at) moves
+# Redis (dispatch_app.execution.start_protocol) did not get the job to run. Only that start (its started_at) moves
 # back, to where it was: a job whose envelope the dispatcher has not marked dispatched is `submitted` again, and a
 # dispatch time the start wrote (START_SQL: the same clock reading as started_at) goes with it. An id pushed to
 # Redis with no hash behind it (anyone can) once left such a job `queued`, dispatched at a time no dispatcher sent

@@ -1,6 +1,6 @@
 """The vendor-call ledger's rows: every vendor call of a job is recorded before it is made and settled after.
 
-The attempt's walk through them (resume, re-make, ask, stop) is ``dispatch_app.worker.ledger``.
+The attempt's walk through them (resume, re-make, ask, stop) is ``dispatch_app.execution.ledger``.
 
 Each record is committed on its own (autocommit, outside any transaction), so
 it survives the worker dying a moment later. A success's outcome rides with the
@@ -22,8 +22,8 @@ from typing import Any
 
 from django.db import connection
 
-from dispatch_app.dbretry import on_fresh_connections
-from dispatch_app.providers import ProviderError
+from dispatch_app.db.retry import on_fresh_connections
+from dispatch_app.domains.providers import ProviderError
 from dispatch_app.store.tables import JOB, VENDOR_CALL
 
 log = logging.getLogger("dispatch_app.vendor_calls")
@@ -93,7 +93,7 @@ class AttemptSuperseded(RuntimeError):
 class VendorCallInDoubt(ProviderError):
     """A call may have taken effect and nobody can say yet: the work stops here, nothing is repeated.
 
-    A ``ProviderError`` only so the worker's failure path (``worker._provider_failed``)
+    A ``ProviderError`` only so the worker's failure path (``execution.attempt._provider_failed``)
     receives it; it checks for this class first, because unlike its base it does
     not say "the call took no effect".
     """
@@ -146,7 +146,7 @@ def unsettled(job_id: int) -> list[Call]:
 def record(
     job_id: int, attempt: int, seq: int, purpose: str, request_id: str, settled: tuple[int, Any] | None = None
 ) -> int:
-    """Record a call before it is made; retried on fresh connections if the old one had died (dbretry).
+    """Record a call before it is made; retried on fresh connections if the old one had died (db.retry).
 
     The call is not made yet, so a lost connection here must not fail the job.
     The request id is new for this call: a row already carrying it is this
@@ -187,7 +187,7 @@ def record(
 
 
 def settle(call_id: int, status: str, result: Any = None, error: str = "") -> bool:
-    """Record a call's outcome; retried on fresh connections if the old one died during the call (dbretry).
+    """Record a call's outcome; retried on fresh connections if the old one died during the call (db.retry).
 
     The vendor has answered by now: an outcome lost with a terminated session
     would fail the job (the work's exception) though the call took effect. The

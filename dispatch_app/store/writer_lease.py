@@ -2,7 +2,7 @@
 
 A submit that sends its own envelopes inserts them pending, due now and leased to ``WRITER_TOKEN``: no
 dispatcher claims one while it is younger than ``SUBMIT_SEND_GRACE`` (``CLAIM_SKIP``), the insert's trigger does
-not announce it (``store.notify_triggers``: only unleased rows wake a dispatcher), and the worker's start marks
+not announce it (``store.triggers.notify``: only unleased rows wake a dispatcher), and the worker's start marks
 it dispatched in the statement that starts the job (``store.transitions.START_SQL``): submit, start and finish
 are the job's only round trips to PostgreSQL. A writer that dies between its commit and its send, or cannot
 reach Redis, leaves an envelope the dispatcher claims once the grace is over and sends as any other: a wait of

@@ -11,17 +11,11 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
-import dispatch_app.payloads as payloads
+import dispatch_app.outbox.payloads as payloads
 import dispatch_app.tasks.declare as declare
 import dispatch_app.tasks.results as results
-from dispatch_app.conf import cached_settings
-from dispatch_app.tasks.compat import (
-    BaseTaskBackend,
-    InvalidTask,
-    TaskResult,
-    TaskResultStatus,
-    task_enqueued,
-)
+from dispatch_app.config.settings import cached_settings
+from dispatch_app.tasks.compat import BaseTaskBackend, InvalidTask, TaskResult, TaskResultStatus, task_enqueued
 
 VALIDATED_MAX = 1024
 
@@ -77,7 +71,7 @@ class OutboxBackend(BaseTaskBackend):
         self._validated.add(task)
 
     def enqueue(self, task, args, kwargs) -> TaskResult:
-        from dispatch_app.outbox import submit
+        from dispatch_app.outbox.submit import submit
 
         self._validate_once(task)
         where = f"Task {task.module_path} cannot be enqueued: "

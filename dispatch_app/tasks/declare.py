@@ -29,7 +29,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app.conf import coerce_number
+from dispatch_app.config.settings import coerce_number
 from dispatch_app.domains.base import Field, RecoveryPolicy
 
 BACKEND_PATHS = ("dispatch_app.tasks.OutboxBackend", "dispatch_app.tasks.backend.OutboxBackend")

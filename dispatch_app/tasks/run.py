@@ -1,9 +1,9 @@
 """A task job on the project's workers: the same start compare-and-set and finish as every domain.
 
 RQ imports ``dispatch_app.tasks.run.entry.<queue>`` (the task domain's ``task_path``) and calls it with
-(job_id, attempt). It runs ``dispatch_app.worker.execute`` -- START_SQL, the domain's ``work``, FINISH_SQL --
-and then sends ``task_finished`` with the outcome as stored. ``work`` sends ``task_started`` (after the
-start is committed) and calls the task with the JSON arguments from the payload.
+(job_id, attempt). It runs ``dispatch_app.execution.execute`` (handed down at start-up: ``install_execute``):
+START_SQL, the domain's ``work``, FINISH_SQL; then sends ``task_finished`` with the outcome as stored. ``work``
+sends ``task_started`` (after the start is committed) and calls the task with the JSON arguments from the payload.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from django.db import InterfaceError, OperationalError
 
 import dispatch_app.tasks.results as results
-from dispatch_app.providers import ProviderError
+from dispatch_app.domains.providers import ProviderError
 from dispatch_app.tasks.compat import Task, TaskContext, normalize_json, task_finished, task_started
 from dispatch_app.tasks.errors import ErrorNotRetried
 
@@ -22,12 +22,12 @@ log = logging.getLogger("dispatch_app.tasks")
 
 # The queue of the task job this thread is running (set by entry.<queue> around execute).
 _running = threading.local()
-# Outcomes of worker.execute after which the job's status is final for this attempt.
+# Outcomes of execution.execute after which the job's status is final for this attempt.
 _FINISHED = ("succeeded", "failed", "outcome_unknown")
 
 
 def _worker_name() -> str:
-    from dispatch_app.worker.start_protocol import worker_name as name
+    from dispatch_app.rq.current import worker_name as name
 
     return name()
 
@@ -81,6 +81,17 @@ def _finished(job_id: int) -> None:
     task_finished.send(sender=_backend_class(task_result.task.backend), task_result=task_result)
 
 
+def _execute(domain: str, job_id: int, attempt: int) -> dict:
+    raise RuntimeError("the task entry points run only in a Django process (DispatchAppConfig.ready installs them)")
+
+
+def install_execute(execute) -> None:
+    """Handed down at start-up (``DispatchAppConfig.ready``): the execution engine's ``execute``, which this engine
+    may not import (the engines import none of each other)."""
+    global _execute
+    _execute = execute
+
+
 class _Entries:
     """``entry.<queue>``: what RQ calls for a task job (rq.utils.import_attribute resolves the attribute)."""
 
@@ -89,11 +100,9 @@ class _Entries:
             raise AttributeError(key)
 
         def run(job_id: int, attempt: int) -> dict:
-            from dispatch_app.worker import execute
-
             _running.queue = key  # the job's domain = its task queue, for work()
             try:
-                outcome = execute(key, job_id, attempt)
+                outcome = _execute(key, job_id, attempt)
             finally:
                 _running.queue = None
             if any(name in outcome for name in _FINISHED):

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from django import template
 
-from dispatch_app.ops.timeline import format_duration
 from dispatch_app.recovery.event_kinds import COUNT_EVENTS
+from dispatch_app.views.timeline import format_duration
 
 register = template.Library()
 
@@ -45,7 +45,7 @@ def ago(value):
 @register.filter
 def in_seconds(value):
     """Seconds from now to a moment: "in 12.0 s" ahead, "12.0 s ago" behind, "–" unknown."""
-    from dispatch_app.ops.blockers import in_seconds as relative
+    from dispatch_app.views.blockers import in_seconds as relative
 
     return relative(_number(value))
 
@@ -104,7 +104,7 @@ def pcts(latency):
 @register.filter
 def rq_job(rq_id):
     """The job id of an RQ id ``pf-<job>-<attempt>``, or None."""
-    from dispatch_app.rq_ids import parse_rq_job_id
+    from dispatch_app.rq.ids import parse_rq_job_id
 
     parsed = parse_rq_job_id(rq_id or "")
     return parsed[0] if parsed else None

@@ -21,7 +21,7 @@ from tests.helpers import MANAGE, PYTHON, ROOT
 pytestmark = [pytest.mark.acceptance]
 
 PEERS = {"procrastinate", "pgqueuer"}
-# Variants run on the project's worker (dispatch_app.worker.rqworker, manage.py runworkers).
+# Variants run on the project's worker (dispatch_app.rq.worker, manage.py runworkers).
 OURS_WORKER = {("peers", "productflow"), ("worker-ceiling", "productflow"), ("pipeline-cpu", "productflow")}
 
 

@@ -33,6 +33,7 @@ pytestmark = [
         not CHROMIUM.exists() or not Path(DRIVER).exists(),
         reason="no /usr/bin/chromium + chromedriver: apt-get install -y chromium chromium-driver",
     ),
+    pytest.mark.version_dependent,
 ]
 
 
@@ -156,7 +157,7 @@ class Workers:
 
 
 def _dispatch_all() -> int:
-    from dispatch_app.conf import dispatch_settings
+    from dispatch_app.config.settings import dispatch_settings
     from dispatch_app.dispatch.loop import DispatchLoop
 
     loop = DispatchLoop(dispatch_settings())
@@ -196,8 +197,9 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from dispatch_app.models import Job
-    from dispatch_app.ops import rqjobs, rqside
-    from dispatch_app.outbox import submit_many
+    from dispatch_app.outbox.submit import submit_many
+    from dispatch_app.rq.state import jobs as rqjobs
+    from dispatch_app.rq.state import queues as rqside
     from tests.factories import PAYLOADS
 
     django_user_model.objects.create_superuser("ops", "ops@example.invalid", "ops-password")
@@ -259,7 +261,7 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
         browser.get(f"{live_server.url}/admin/dispatch_app/job/{stuck.pk}/timeline/")
         assert _text(browser, "pf-stage") == "worker"
         where = _text(browser, "pf-rq-state")
-        # Seen dead by its PostgreSQL session (dispatch_app.liveness) or, failing that, by its silent heartbeat.
+        # Seen dead by its PostgreSQL session (dispatch_app.db.liveness) or, failing that, by its silent heartbeat.
         assert f"Its worker {victim} is DEAD, not alive since " in where, where
         assert "its PostgreSQL session is gone" in where or (
             "no heartbeat for" in where and "(it beats every 2 s)" in where
@@ -339,7 +341,7 @@ def test_no_worker_backlog_killed_worker_failure_burst_and_bulk_retry(
 
 
 def _live_workers(queue: str):
-    from dispatch_app.ops import rqside
+    from dispatch_app.rq.state import queues as rqside
 
     names = [m.decode().removeprefix(rqside.WORKER_PREFIX) for m in rqside.redis_conn().smembers(f"rq:workers:{queue}")]
     return [w for w in rqside.read_workers(rqside.redis_conn(), names).values() if w.alive]

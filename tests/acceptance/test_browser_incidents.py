@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from dispatch_app.rq_ids import rq_job_id
+from dispatch_app.rq.ids import rq_job_id
 from tests.acceptance.test_browser import CHROMIUM, DRIVER, _login, browser  # noqa: F401 - the fixture
 from tests.helpers import ROOT
 
@@ -26,6 +26,7 @@ pytestmark = [
         not CHROMIUM.exists() or not os.path.exists(DRIVER),
         reason="no /usr/bin/chromium + chromedriver: apt-get install -y chromium chromium-driver",
     ),
+    pytest.mark.version_dependent,
 ]
 
 JOBS = "/admin/dispatch_app/job/"
@@ -86,7 +87,7 @@ def test_six_incidents_name_their_blocker_and_never_500(browser, live_server, dj
         j = job("delivery", "queued", dispatched_ago=60 - i)
         envelope(j, "dispatched", created_ago=61, dispatched_ago=60 - i)
         Queue("delivery", connection=redis_conn, serializer=JSONSerializer).enqueue(
-            "dispatch_app.worker.execute", "delivery", j.pk, 1, job_id=rq_job_id(j.pk, 1)
+            "dispatch_app.execution.execute", "delivery", j.pk, 1, job_id=rq_job_id(j.pk, 1)
         )
         queued.append(j)
     no_error_page(browser, live_server, DASHBOARD)
@@ -111,12 +112,12 @@ def test_six_incidents_name_their_blocker_and_never_500(browser, live_server, dj
         j = job("image_series", "running", started_ago=12)
         sql(
             "UPDATE dispatch_app_job SET status = 'failed', error = %s, finished_at = clock_timestamp() WHERE id = %s",
-            ["dispatch_app.providers.ProviderError: image vendor 503\n\nTraceback ...", j.pk],
+            ["dispatch_app.domains.providers.ProviderError: image vendor 503\n\nTraceback ...", j.pk],
         )
     no_error_page(browser, live_server, DASHBOARD)
     text = banners(browser)
     assert "image_series: 100% of its jobs failed in the last 5 min (6 of 6" in text
-    assert "6 × dispatch_app.providers.ProviderError: image vendor 503" in text
+    assert "6 × dispatch_app.domains.providers.ProviderError: image vendor 503" in text
     shot(browser, tmp_path, "3-vendor-failing")
     browser.find_element(By.ID, "pf-banner-pause-image_series").click()
     WebDriverWait(browser, 15).until(lambda b: b.find_elements(By.ID, "pf-confirm-pause"))
@@ -185,7 +186,7 @@ def test_pages_fit_the_window_without_a_horizontal_scroll(browser, live_server, 
     from tests.integration.opsdata import attempt_row, envelope, job
 
     django_user_model.objects.create_superuser("ops", "ops@example.invalid", "ops-password")
-    long_error = "dispatch_app.providers.ProviderError: " + "a very long vendor error message " * 8
+    long_error = "dispatch_app.domains.providers.ProviderError: " + "a very long vendor error message " * 8
     for domain in ("delivery", "image_series", "agent", "workflow", "partial_edit"):
         j = job(domain, "failed", submitted_ago=100, finished_ago=5)
         attempt_row(
@@ -198,7 +199,7 @@ def test_pages_fit_the_window_without_a_horizontal_scroll(browser, live_server, 
         attempt_row(
             j, 1, created_ago=30, dispatched_ago=20, started_ago=10, finished_ago=2, outcome="failed", error=long_error
         )
-    from dispatch_app.ops import actions
+    from dispatch_app.actions import operator as actions
 
     actions.pause_domain("agent", reason="the vendor's status page says " + "degraded performance " * 10)
     browser.set_window_size(width, 1000)

@@ -21,6 +21,7 @@ pytestmark = [
     # The embedded default is a development convenience with no Python 3.13 wheels (requirements/embedded.txt);
     # CI's Python 3.11 leg runs these, its 3.13 leg has no embedded servers to look at.
     pytest.mark.skipif(importlib.util.find_spec("pgserver") is None, reason="pgserver is not installed (Python 3.13)"),
+    pytest.mark.path_dependent,
 ]
 
 

@@ -11,10 +11,10 @@ import pytest
 from django.db import connections
 
 from dispatch_app import submit
-from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains import domain_keys
 from dispatch_app.models import DispatchEnvelope, Job, RecoveryRound
 from dispatch_app.recovery.round import Round, RoundSignals
+from dispatch_app.rq.publish import rq_job_id
 from dispatch_app.store import vendor_calls
 from tests.factories import PAYLOADS
 from tests.helpers import MANAGE, PYTHON, wait_until

@@ -148,7 +148,7 @@ def blackhole():
 
 def accept_the_send(blackhole) -> socket.socket:
     """The dispatcher's send's connection: the first one is its start-up check that no other deployment uses this
-    Redis (dispatch_app.deployment), which gives up after its own short timeout and lets the process start."""
+    Redis (dispatch_app.rq.deployment), which gives up after its own short timeout and lets the process start."""
     check, _ = blackhole.accept()
     held, _ = blackhole.accept()
     check.close()

@@ -12,12 +12,12 @@ from dispatch_app.dispatch.announced import parse
 from dispatch_app.dispatch.arming import Arming
 from dispatch_app.dispatch.listener import Listener
 from dispatch_app.dispatch.loop import DispatchLoop
-from dispatch_app.dispatch.publisher import Publisher
+from dispatch_app.dispatch.wake import CATCH_UP, STOP, Wake
 from dispatch_app.models import DispatchEnvelope
-from dispatch_app.runtime.wake import CATCH_UP, STOP, Wake
+from dispatch_app.rq.publish import Publisher
 from tests.factories import PAYLOADS
+from tests.integration.dispatch.test_notify import received_until_sentinel
 from tests.integration.loop_kit import loop_settings
-from tests.integration.test_notify import received_until_sentinel
 
 
 class HeldWriter(threading.Thread):

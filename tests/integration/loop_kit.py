@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 
-from dispatch_app.conf import dispatch_settings
-from dispatch_app.dispatch.publisher import Publisher
-from dispatch_app.runtime.wake import Wake
+from dispatch_app.config.settings import dispatch_settings
+from dispatch_app.dispatch.wake import Wake
+from dispatch_app.rq.publish import Publisher
 
 NEVER = 3600.0  # a fallback tick that cannot fire during a test
 

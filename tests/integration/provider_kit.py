@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from dispatch_app.providers import LocalProvider, set_provider
+from dispatch_app.domains.providers import LocalProvider, set_provider
 
 
 class CountingProvider(LocalProvider):

@@ -9,12 +9,12 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus as RQStatus
 from rq.serializers import JSONSerializer
 
-from dispatch_app.conf import dispatch_settings
+from dispatch_app.config.settings import dispatch_settings
 from dispatch_app.dispatch.listener import listener_conninfo
 from dispatch_app.dispatch.loop import DispatchLoop
-from dispatch_app.dispatch.publisher import rq_job_id
 from dispatch_app.domains import domain_keys, lane_queue_names
-from dispatch_app.recovery.policy import resolve
+from dispatch_app.domains.policy import resolve
+from dispatch_app.rq.publish import rq_job_id
 from dispatch_app.store.transitions import START_SQL
 
 TABLES = ("dispatch_app_job", "dispatch_app_dispatchenvelope", "dispatch_app_jobevent", "dispatch_app_recoveryround")

@@ -38,6 +38,7 @@ pytestmark = [
         not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")),
         reason="needs the machine's PostgreSQL and Redis (DATABASE_URL, REDIS_URL); runs in CI's service legs",
     ),
+    pytest.mark.version_dependent,
 ]
 
 README = (ROOT / "README.md").read_text()

@@ -40,7 +40,7 @@ def safe_attempt(context):
 @task(takes_context=True)
 @retry_safe
 def vendor_refuses_once(context):
-    from dispatch_app.providers import ProviderError
+    from dispatch_app.domains.providers import ProviderError
 
     if context.attempt == 1:
         raise ProviderError("vendor said no")

@@ -22,7 +22,7 @@ from dispatch_app.tasks.compat import (
 from tests.factories import PAYLOADS
 from tests.tasks import sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.version_dependent]
 
 
 def db_now():

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from dispatch_app.models import DispatchEnvelope, Job
 from dispatch_app.tasks.compat import InvalidTask
 from dispatch_app.tasks.run import entry
-from tests.integration.test_submit_property import JUNK, PLAIN, SHALLOW, TEXT
+from tests.integration.outbox.test_submit_property import JUNK, PLAIN, SHALLOW, TEXT
 from tests.tasks import sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.version_dependent]
 
 
 def counts() -> tuple[int, int]:

@@ -15,7 +15,7 @@ from dispatch_app.tasks.compat import TaskResultStatus
 from tests.helpers import MANAGE, PYTHON, ROOT
 from tests.integration.recovery_helpers import dispatch_now, run_workers
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.version_dependent]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tests.acceptance.faults.redis_timeouts import short_redis_timeouts
 from tests.helpers import wait_until
 from tests.tasks import sample
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180), pytest.mark.version_dependent]
 
 TASKS = 20
 LEASE = 2.0

@@ -8,6 +8,8 @@ from dispatch_app.domains.base import RecoveryPolicy
 from dispatch_app.tasks.declare import QUEUE_KEYS
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.version_dependent
+
 README = (ROOT / "README.md").read_text()
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dispatch_app.domains.providers import LocalProvider
 from dispatch_app.models import Job, JobAttempt
-from dispatch_app.providers import LocalProvider
 from dispatch_app.recovery.round import Round
 from dispatch_app.tasks.compat import TaskResultStatus
 from dispatch_app.tasks.errors import TaskOutcomeUnknown
@@ -18,7 +18,7 @@ from tests.integration.recovery_helpers import (
 )
 from tests.tasks import sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.version_dependent]
 
 
 def interrupted(result, redis_conn, tmp_path):

@@ -14,7 +14,7 @@ from dispatch_app.tasks.errors import TaskCancelled
 from tests.integration.recovery_helpers import dispatch_now, run_workers
 from tests.tasks import sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.version_dependent]
 
 
 def run_all(redis_conn):

@@ -115,7 +115,7 @@ def test_bad_backoff_is_refused():
 
 
 def test_a_hold_failpoint_stands_still_then_returns(monkeypatch):
-    from dispatch_app import failpoints
+    from dispatch_app.config import failpoints
 
     monkeypatch.setattr(failpoints, "ACTIVE", frozenset({"hold_here"}))
     monkeypatch.setenv("PRODUCTFLOW_FAILPOINT_HOLD_SECONDS", "0")

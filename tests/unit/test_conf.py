@@ -1,7 +1,7 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app.conf import dispatch_settings, validate
+from dispatch_app.config.settings import dispatch_settings, validate
 
 
 def test_defaults_are_valid():

@@ -54,7 +54,7 @@ def test_a_traceback_follows_the_action(unconfigured, capsys):
         try:
             raise ValueError("boom")
         except ValueError:
-            logging.getLogger("dispatch_app.worker").exception("failed", extra={"action": "x_failed", "domain": "d"})
+            logging.getLogger("dispatch_app.execution").exception("failed", extra={"action": "x_failed", "domain": "d"})
         err = capsys.readouterr().err.splitlines()
         assert err[0].endswith("failed action=x_failed domain=d")
         assert err[-1] == "ValueError: boom"

@@ -3,7 +3,7 @@ time axis on every panel."""
 
 import re
 
-from dispatch_app.ops.chart import domain_charts_svg
+from dispatch_app.views.chart import domain_charts_svg
 
 
 def point(ago, dispatched=0, finished=0, failed=0):

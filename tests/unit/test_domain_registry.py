@@ -22,7 +22,7 @@ from dispatch_app.domains import (
     register,
     registry,
 )
-from dispatch_app.worker.rqworker.runner import parse_queues
+from dispatch_app.rq.worker.launch import parse_queues
 from tests.project import domains as project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_a_bad_productflow_domains_setting_is_a_clear_error(isolated, paths, mes
 def test_the_dispatch_recovery_setting_checks_against_the_declared_domains(declared):
     from django.core.exceptions import ImproperlyConfigured
 
-    from dispatch_app.conf import validate
+    from dispatch_app.config.settings import validate
 
     assert validate({"RECOVERY": {"thumbnail": {"MAX_ATTEMPTS": 2}}}).RECOVERY == {"thumbnail": {"MAX_ATTEMPTS": 2}}
     with pytest.raises(ImproperlyConfigured, match=r"'thumbnale'\] is not a domain; did you mean 'thumbnail'\?"):
@@ -175,9 +175,9 @@ def test_the_dispatch_recovery_setting_checks_against_the_declared_domains(decla
 # --- no import cycle: conf / recovery.policy / domains / worker -------------------------------------------
 
 NO_LAZY_IMPORTS = [
-    "dispatch_app/conf.py",
-    "dispatch_app/values.py",
-    "dispatch_app/recovery/policy.py",
+    "dispatch_app/config/settings.py",
+    "dispatch_app/config/values.py",
+    "dispatch_app/domains/policy.py",
     "dispatch_app/domains/base.py",
     *(f"dispatch_app/domains/{path.split('.')[-1]}.py" for path in DEFAULT_DOMAINS),
 ]
@@ -195,13 +195,18 @@ def test_these_modules_import_only_at_the_top(path):
 
 @pytest.mark.parametrize(
     "first",
-    ["dispatch_app.conf", "dispatch_app.recovery.policy", "dispatch_app.domains.delivery", "dispatch_app.domains"],
+    [
+        "dispatch_app.config.settings",
+        "dispatch_app.domains.policy",
+        "dispatch_app.domains.delivery",
+        "dispatch_app.domains",
+    ],
 )
 def test_any_import_order_works_and_no_domain_imports_the_worker(first):
     code = (
-        f"import sys, {first}, dispatch_app.conf, dispatch_app.recovery.policy\n"
+        f"import sys, {first}, dispatch_app.config.settings, dispatch_app.domains.policy\n"
         "import dispatch_app.domains.delivery, dispatch_app.domains.agent\n"
-        "assert 'dispatch_app.worker' not in sys.modules, 'a domain module imported the worker'\n"
+        "assert 'dispatch_app.execution' not in sys.modules, 'a domain module imported the worker'\n"
         "assert 'dispatch_app.models' not in sys.modules, 'settings-time modules imported the models'\n"
         "print('ok')\n"
     )

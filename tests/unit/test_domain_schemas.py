@@ -5,6 +5,8 @@ import pytest
 from dispatch_app.domains import PayloadError, UnknownDomain, all_domains, domain_keys, get_domain
 from tests.factories import PAYLOADS
 
+pytestmark = pytest.mark.version_dependent
+
 
 def test_the_five_domains_are_registered_with_their_queues():
     # ... and the django.tasks queue "default" (settings.TASKS), whose jobs run dispatch_app.tasks.run.

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from dispatch_app import failpoints
+from dispatch_app.config import failpoints
 
 
 def test_a_note_appends_one_line_per_hit_with_the_pid_across_threads(monkeypatch, tmp_path):

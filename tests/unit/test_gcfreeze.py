@@ -8,6 +8,8 @@ import pytest
 
 from dispatch_app.runtime.gcfreeze import freeze_startup
 
+pytestmark = pytest.mark.version_dependent
+
 
 class Node:
     pass

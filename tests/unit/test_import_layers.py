@@ -14,86 +14,49 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.version_dependent
+
 PACKAGE = "dispatch_app"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
-# Lowest first. A module's layer: the layer naming it exactly, else the one whose pattern matches it.
+# Lowest first. The contract names folders (a pattern matches the folder and everything in it); the most specific
+# folder wins (``dispatch_app.rq.worker`` over ``dispatch_app.rq``). The four loose modules are named as they are.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "leaves: values, settings and process primitives",
-        (
-            "dispatch_app.values",
-            "dispatch_app.tuning",
-            "dispatch_app.conf",
-            "dispatch_app.settings_rules",
-            "dispatch_app.dbtime",
-            "dispatch_app.failpoints",
-            "dispatch_app.lanes",
-            "dispatch_app.payloads",
-            "dispatch_app.store.history_triggers",
-            "dispatch_app.store.trigger_sql",
-            "dispatch_app.store.notify_triggers",
-            "dispatch_app.liveness",
-            "dispatch_app.redis_servers",
-            "dispatch_app.rq_internals",
-            "dispatch_app.deployment",
-            "dispatch_app.rq_ids",
-            "dispatch_app.runtime.wake",
-            "dispatch_app.runtime.gcfreeze",
-        ),
+        "leaves: configuration, database helpers, the schema's trigger SQL",
+        ("dispatch_app.config.*", "dispatch_app.db.*", "dispatch_app.store.triggers.*"),
     ),
     ("models", ("dispatch_app.models",)),
-    ("domains", ("dispatch_app.domains", "dispatch_app.domains.*")),
+    ("domains", ("dispatch_app.domains.*",)),
+    ("rq: the one door to RQ (its worker and entry points excepted)", ("dispatch_app.rq.*",)),
     (
-        "core: the store (every write to a job's rows) and the job's stages",
-        (
-            "dispatch_app.store",
-            "dispatch_app.store.*",
-            "dispatch_app.stages",
-            "dispatch_app.stage_sql",
-            "dispatch_app.latency",
-            "dispatch_app.tracing",
-            "dispatch_app.outbox",
-            "dispatch_app.prepared",
-            "dispatch_app.dbcheck",
-            "dispatch_app.dbretry",
-            "dispatch_app.providers",
-        ),
+        "core: the store (every write to a table), the outbox write, a job's timeline",
+        ("dispatch_app.store.*", "dispatch_app.outbox.*", "dispatch_app.timeline.*"),
     ),
     (
-        "engines: dispatcher, recovery, worker, django.tasks",
-        (
-            "dispatch_app.dispatch",
-            "dispatch_app.dispatch.*",
-            "dispatch_app.recovery",
-            "dispatch_app.recovery.*",
-            "dispatch_app.worker",
-            "dispatch_app.worker.*",
-            "dispatch_app.rqworker",
-            "dispatch_app.run",
-            "dispatch_app.tasks",
-            "dispatch_app.tasks.*",
-        ),
+        "engines: dispatcher, recovery, execution, django.tasks",
+        ENGINES := tuple(f"dispatch_app.{e}.*" for e in ("dispatch", "recovery", "execution", "tasks")),
     ),
-    ("ops: what operators read", ("dispatch_app.ops", "dispatch_app.ops.*")),
     (
-        "entry points: processes, commands, admin, app",
+        "operators: actions, views, housekeeping",
+        ("dispatch_app.actions.*", "dispatch_app.views.*", "dispatch_app.housekeeping.*"),
+    ),
+    (
+        "processes and entry points: the RQ worker, commands, admin, app",
         (
+            "dispatch_app.runtime.*",
+            "dispatch_app.rq.worker.*",
+            "dispatch_app.rqworker.*",
+            "dispatch_app.management.*",
+            "dispatch_app.admin.*",
+            "dispatch_app.templatetags.*",
             "dispatch_app",
             "dispatch_app.apps",
-            "dispatch_app.mounting_checks",
-            "dispatch_app.demo_payloads",
-            "dispatch_app.runtime",
-            "dispatch_app.runtime.*",
-            "dispatch_app.management",
-            "dispatch_app.management.*",
-            "dispatch_app.admin",
-            "dispatch_app.admin.*",
-            "dispatch_app.templatetags",
-            "dispatch_app.templatetags.*",
+            "dispatch_app.run",
         ),
     ),
 ]
+LOOSE_MAX = 6  # modules directly in dispatch_app/, the package's own __init__ included
 
 Graph = dict[str, dict[str, int]]  # module -> {module it imports: line of the first such import}
 
@@ -170,12 +133,35 @@ def find_cycle(graph: Graph) -> list[str] | None:
     return None
 
 
+def _folder(pattern: str) -> str:
+    return pattern.removesuffix(".*")
+
+
 def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The layer of the most specific folder (or loose module) that holds ``module``; None if none does."""
+    best, found = -1, None
     for index, (_, patterns) in enumerate(layers):
-        if module in patterns:
-            return index
-    matches = {i for i, (_, patterns) in enumerate(layers) for p in patterns if "*" in p and fnmatchcase(module, p)}
-    return matches.pop() if len(matches) == 1 else None
+        for pattern in patterns:
+            folder = _folder(pattern)
+            if module == folder or (pattern.endswith(".*") and fnmatchcase(module, pattern)):
+                if len(folder) > best:
+                    best, found = len(folder), index
+    return found
+
+
+def engine_of(module: str) -> str | None:
+    return next((_folder(p) for p in ENGINES if module == _folder(p) or fnmatchcase(module, p)), None)
+
+
+def engine_imports(graph: Graph) -> list[str]:
+    """Every import of one engine's module by another engine's: engines talk through lower layers only."""
+    return [
+        f"{module} imports {dep} (line {line})"
+        for module, deps in sorted(graph.items())
+        if (mine := engine_of(module))
+        for dep, line in sorted(deps.items())
+        if (theirs := engine_of(dep)) and theirs != mine
+    ]
 
 
 def upward_imports(graph: Graph, layers=LAYERS) -> list[str]:
@@ -212,6 +198,39 @@ def test_every_module_has_one_layer():
 def test_no_module_imports_a_higher_layer():
     upward = upward_imports(import_graph())
     assert not upward, "imports against the layers:\n  " + "\n  ".join(upward)
+
+
+def test_the_engines_import_none_of_each_other():
+    found = engine_imports(import_graph())
+    assert not found, "engines import each other (move what they share down):\n  " + "\n  ".join(found)
+
+
+def test_the_layers_name_folders_and_few_modules_are_loose():
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(loose) <= LOOSE_MAX, f"{len(loose)} loose modules in dispatch_app/ (give them a folder): {loose}"
+    named = [p for _, patterns in LAYERS for p in patterns if not p.endswith(".*")]
+    not_loose = [p for p in named if p != PACKAGE and not (ROOT / f"{p.split('.', 1)[1]}.py").exists()]
+    assert not not_loose, f"the layers name modules that are not loose ones (name their folder): {not_loose}"
+
+
+# The store's front door, and what a reader or the schema may still import of it.
+STORE_DOORS = ("dispatch_app.store.api", "dispatch_app.store.tables", "dispatch_app.store.triggers")
+
+
+def behind_the_store_door(graph: Graph) -> list[str]:
+    """Imports of the store's own modules from outside it (``store.api`` re-exports their operations)."""
+    return [
+        f"{module} imports {dep} (line {line})"
+        for module, deps in sorted(graph.items())
+        if not module.startswith("dispatch_app.store.")
+        for dep, line in sorted(deps.items())
+        if dep.startswith("dispatch_app.store.") and not dep.startswith(STORE_DOORS)
+    ]
+
+
+def test_the_others_use_the_stores_front_door():
+    found = behind_the_store_door(import_graph())
+    assert not found, "import dispatch_app.store.api instead:\n  " + "\n  ".join(found)
 
 
 def test_templatetags_import_nothing_from_the_admin():
@@ -252,6 +271,12 @@ def test_find_cycle_finds_one(graph, cycle):
 )
 def test_upward_imports_are_named(graph, upward):
     assert upward_imports(graph, SYNTHETIC_LAYERS) == upward
+
+
+def test_the_store_door_rule_finds_a_planted_import():
+    graph = {"dispatch_app.views.x": {"dispatch_app.store.transitions": 4, "dispatch_app.store.api": 5}}
+    assert behind_the_store_door(graph) == ["dispatch_app.views.x imports dispatch_app.store.transitions (line 4)"]
+    assert behind_the_store_door({"dispatch_app.store.claim": {"dispatch_app.store.tables": 1}}) == []
 
 
 def test_function_level_and_relative_imports_are_edges(tmp_path):

@@ -7,8 +7,8 @@ import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app.conf import check_lease, validate
-from dispatch_app.dispatch.publisher import Publisher
+from dispatch_app.config.settings import check_lease, validate
+from dispatch_app.rq.publish import Publisher
 from tests.helpers import MANAGE, PYTHON, ROOT
 
 

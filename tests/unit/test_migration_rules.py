@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_app.store.migration_locks import BoundedMigration
+from dispatch_app.store.triggers.migration_locks import BoundedMigration
 
 MIGRATIONS = sorted(
     path.stem for path in (Path(__file__).resolve().parents[2] / "dispatch_app" / "migrations").glob("[0-9]*.py")

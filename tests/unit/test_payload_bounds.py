@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch_app import payloads
+from dispatch_app.outbox import payloads
 
 # What jsonb stores (no NUL, no surrogates) and json.dumps writes (finite floats, ints within 4,300 digits).
 TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=30)

@@ -20,6 +20,8 @@ from django.core.exceptions import ImproperlyConfigured
 from productflow import production_safety
 from tests.helpers import MANAGE, PYTHON, ROOT
 
+pytestmark = pytest.mark.version_dependent
+
 ENV_EXAMPLE = ROOT / "docker" / "productflow.env.example"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 KEY = secrets.token_urlsafe(50)

@@ -18,6 +18,8 @@ from django.views.debug import ExceptionReporter
 from productflow.reporting import MASK, mask_credentials
 from tests.helpers import MANAGE, PYTHON, ROOT
 
+pytestmark = pytest.mark.version_dependent
+
 COMPOSE = ROOT / "docker" / "compose.yaml"
 ENV_EXAMPLE = ROOT / "docker" / "productflow.env.example"
 # With passwords: production refuses a server URL without one (tests/unit/test_production_refusals.py).
@@ -141,7 +143,7 @@ def test_the_compose_configuration_passes_check_deploy():
     env["REDIS_URL_DELIVERY"] = "redis://:delivery-" + env["REDIS_PASSWORD"] + "@redis-delivery:6379/0"
     code = (
         "import django, json; django.setup(); from dispatch_app.domains import queue_names; "
-        "from dispatch_app import redis_servers; print(json.dumps({q: redis_servers.queue_connection(q)"
+        "from dispatch_app.rq import servers as redis_servers; print(json.dumps({q: redis_servers.queue_connection(q)"
         ".connection_pool.connection_kwargs.get('password') for q in queue_names()}))"
     )
     checked = run(env, "-c", code)

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from dispatch_app.conf import SPECS
-from dispatch_app.recovery.policy import KEYS, resolve_all
+from dispatch_app.config.settings import SPECS
+from dispatch_app.domains.policy import KEYS, resolve_all
 from tests.helpers import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -43,9 +43,9 @@ def test_the_two_setup_commands_are_in_the_readme_and_the_makefile(command):
 
 
 def test_every_exported_metric_is_in_the_readme():
-    from dispatch_app.ops import metrics
+    from dispatch_app.housekeeping import metrics
 
-    source = (ROOT / "dispatch_app" / "ops" / "metrics.py").read_text()
+    source = (ROOT / "dispatch_app" / "housekeeping" / "metrics.py").read_text()
     names = set(re.findall(r'"(productflow_[a-z_]+)"', source))
     assert names, f"no metric names found in {metrics.__file__}"
     # prometheus-client exposes a counter declared as "x" as "x_total".

@@ -7,16 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatch_app.recovery.decide import (
-    FAIL,
-    LEAVE_ALONE,
-    OUTCOME_UNKNOWN,
-    REDISPATCH,
-    Evidence,
-    JobState,
-    decide,
-)
-from dispatch_app.recovery.policy import resolve
+from dispatch_app.domains.policy import resolve
+from dispatch_app.recovery.decide import FAIL, LEAVE_ALONE, OUTCOME_UNKNOWN, REDISPATCH, Evidence, JobState, decide
 from dispatch_app.store.vendor_calls import Call
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)

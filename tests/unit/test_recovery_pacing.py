@@ -6,8 +6,8 @@ import math
 
 from django.db import OperationalError
 
+from dispatch_app.config.tuning import BASELINE_DRIFT
 from dispatch_app.recovery.pacing import GROWTH_PER_SECOND, MIN_SAMPLES, Pacer, Sample
-from dispatch_app.tuning import BASELINE_DRIFT
 
 DRIFT = 1 + BASELINE_DRIFT  # the quietest wait's rise per look
 
@@ -110,7 +110,7 @@ def test_floor_is_at_least_one_job_and_never_above_a_zero_cap():
 
 
 def test_settings_switch_it_off():
-    from dispatch_app.conf import validate
+    from dispatch_app.config.settings import validate
 
     assert Pacer.from_settings(validate({"RECOVERY_PACING": False})) is None
     on = Pacer.from_settings(validate({"RECOVERY_PACE_TOLERANCE": 2, "RECOVERY_PACE_MIN_SHARE": 0.5}))
@@ -121,7 +121,7 @@ def test_settings_switch_it_off():
 
 
 def test_the_quantile_setting_reaches_the_look_and_the_rounds_words():
-    from dispatch_app.conf import validate
+    from dispatch_app.config.settings import validate
 
     p90 = Pacer.from_settings(validate({"RECOVERY_PACE_QUANTILE": 0.9}))
     assert p90.quantile == 0.9 and p90._measure.keywords == {"quantile": 0.9}
@@ -143,7 +143,7 @@ def test_a_domain_starts_at_the_floor_so_the_quietest_wait_is_seen_before_the_sh
     assert rounds(p, clock, "fast", 20, 3) == [13, 14, 15]
     assert p.baseline_ms == 4.0
     assert p.allowance("fast", 20).limit == 7  # slowed: halved from 0.75 (15 jobs) to 0.375
-    from dispatch_app.conf import validate
+    from dispatch_app.config.settings import validate
 
     configured = Pacer.from_settings(validate({}))
     assert configured.start_share == configured.min_share  # the setting's pacer starts slow too
@@ -230,7 +230,7 @@ def test_new_work_appearing_beside_a_storm_drops_every_domain_to_its_floor_befor
     clock = Clock()
     unprobed = pacer(Looks(*waits), clock)
     assert rounds(unprobed, clock, "d", 20, len(waits)) == [20] * len(waits) and unprobed.baseline_ms == 4.0 * DRIFT
-    from dispatch_app.conf import validate
+    from dispatch_app.config.settings import validate
 
     assert Pacer.from_settings(validate({"RECOVERY_PACE_WINDOW": 10})).probe_seconds == 12.0
 

@@ -7,9 +7,9 @@ import re
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app.conf import dispatch_settings, validate
+from dispatch_app.config.settings import dispatch_settings, validate
 from dispatch_app.domains import domain_keys, get_domain
-from dispatch_app.recovery.policy import KEYS, resolve, resolve_all
+from dispatch_app.domains.policy import KEYS, resolve, resolve_all
 
 
 def test_every_domain_has_a_policy_with_the_documented_defaults():

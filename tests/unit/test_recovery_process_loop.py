@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from dispatch_app.conf import validate
-from dispatch_app.ops.heartbeat import HeartbeatTracker
+from dispatch_app.config.settings import validate
+from dispatch_app.dispatch.wake import STOP, TICK
+from dispatch_app.housekeeping.heartbeat import HeartbeatTracker
 from dispatch_app.runtime.recovery_process import ChildExited, RecoveryProcessLoop, child_database_url
-from dispatch_app.runtime.wake import STOP, TICK
 
 
 class Clock:

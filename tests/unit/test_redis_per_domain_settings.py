@@ -1,6 +1,6 @@
 """REDIS_URL_<QUEUE> puts a domain's queue on its own Redis (with the same bounded timeouts); unset, REDIS_URL.
 
-Each declared domain's queue gets its RQ_QUEUES entry when the app is ready (dispatch_app.redis_servers).
+Each declared domain's queue gets its RQ_QUEUES entry when the app is ready (dispatch_app.rq.servers).
 """
 
 import json
@@ -30,7 +30,7 @@ def _settings(**env) -> dict:
 def test_every_queue_stays_on_redis_url_by_default():
     shown = _settings()
     domains = {"workflow", "image_series", "delivery", "partial_edit", "agent"}
-    # Each domain queue (the task backend's "default" among them) and its recovery lane (dispatch_app.lanes).
+    # Each domain queue (the task backend's "default" among them) and its recovery lane (dispatch_app.domains.lanes).
     assert set(shown["queues"]) == {"default", "default.recovery"} | domains | {f"{q}.recovery" for q in domains}
     assert set(shown["queues"].values()) == {shown["base"]}
 

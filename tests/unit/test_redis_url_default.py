@@ -3,7 +3,9 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch_app import redis_servers
+from dispatch_app.rq import servers as redis_servers
+
+pytestmark = pytest.mark.path_dependent
 
 
 @pytest.fixture

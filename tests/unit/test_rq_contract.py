@@ -1,4 +1,4 @@
-"""The RQ internals the project relies on (dispatch_app.rq_internals), checked against the installed RQ.
+"""The RQ internals the project relies on (dispatch_app.rq.internals), checked against the installed RQ.
 
 An RQ upgrade that renames, removes or re-signs one of them fails here by name, not in production.
 """
@@ -14,9 +14,11 @@ from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from rq.utils import utcformat, utcparse
 from rq.worker import SimpleWorker
 
-from dispatch_app import rq_internals
-from dispatch_app.rq_internals import INTERNALS, Internal, RQContractError
-from dispatch_app.worker.rqworker import PipelineWorker, fast_paths
+from dispatch_app.rq import internals as rq_internals
+from dispatch_app.rq.internals import INTERNALS, Internal, RQContractError
+from dispatch_app.rq.worker import PipelineWorker, fast_paths
+
+pytestmark = pytest.mark.version_dependent
 
 
 @pytest.mark.parametrize("item", INTERNALS, ids=lambda item: item.path)
@@ -43,7 +45,7 @@ def test_the_check_names_what_changed(item, says):
     assert found is not None
     assert found.startswith(f"RQ changed: {item.path}")
     assert says in found
-    assert found.endswith("see dispatch_app/rq_internals.py")
+    assert found.endswith("see dispatch_app/rq/internals.py")
 
 
 def test_verify_raises_naming_every_missing_one(monkeypatch):

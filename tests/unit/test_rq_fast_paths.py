@@ -10,7 +10,9 @@ from rq import registry as rq_registry
 from rq import serializers, utils
 from rq.serializers import JSONSerializer
 
-from dispatch_app.worker.rqworker import fast_paths
+from dispatch_app.rq.worker import fast_paths
+
+pytestmark = pytest.mark.version_dependent
 
 
 class NotASerializer:

@@ -3,8 +3,8 @@
 import pytest
 
 from dispatch_app.domains import queue_names
-from dispatch_app.worker.rqworker.health import FAILING_STREAK, failing
-from dispatch_app.worker.rqworker.runner import BadQueues, parse_queues
+from dispatch_app.rq.state.health import FAILING_STREAK, failing
+from dispatch_app.rq.worker.launch import BadQueues, parse_queues
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dispatch_app.worker.rqworker.worker import PREFETCH_WAIT_BUDGET, PipelineWorker
+from dispatch_app.rq.worker.worker import PREFETCH_WAIT_BUDGET, PipelineWorker
 
 
 def worker(prefetch=8, job_seconds=0.0):

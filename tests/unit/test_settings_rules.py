@@ -1,10 +1,10 @@
-"""Rules between DISPATCH settings (dispatch_app.settings_rules): each bad pair is named at start-up."""
+"""Rules between DISPATCH settings (dispatch_app.config.rules): each bad pair is named at start-up."""
 
 import pytest
 from django.core import checks
 from django.test import override_settings
 
-from dispatch_app.settings_rules import TAG, check_settings_rules
+from dispatch_app.config.rules import TAG, check_settings_rules
 
 
 def messages(**dispatch):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rq.utils import import_attribute
 
-from dispatch_app.worker import execute
-from dispatch_app.worker.rqworker.worker import PipelineWorker
+from dispatch_app.execution import execute
+from dispatch_app.rq.worker.worker import PipelineWorker
 
 
 def test_the_worker_class_is_found_by_its_stable_path():

@@ -2,7 +2,7 @@
 
 import threading
 
-from dispatch_app.runtime.wake import CATCH_UP, NOTIFY, STOP, TICK, Wake
+from dispatch_app.dispatch.wake import CATCH_UP, NOTIFY, STOP, TICK, Wake
 
 
 def test_timeout_without_a_signal_is_a_tick():

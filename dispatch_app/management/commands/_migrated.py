@@ -20,7 +20,7 @@ from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from dispatch_app.tuning import STARTUP_DB_WAIT
+from dispatch_app.config.tuning import STARTUP_DB_WAIT
 
 log = logging.getLogger("dispatch_app.startup")
 
@@ -39,12 +39,24 @@ def unapplied(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
 def require_migrated(
     alias: str = DEFAULT_DB_ALIAS, *, wait: float = STARTUP_DB_WAIT, sleep=time.sleep, clock=time.monotonic
 ) -> None:
+    missing = answered(lambda: unapplied(alias), alias, wait=wait, sleep=sleep, clock=clock)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise CommandError(
+            f"the database has {len(missing)} unapplied migration(s) ({shown}): run `python manage.py migrate` first"
+        )
+
+
+def answered(
+    ask, alias: str = DEFAULT_DB_ALIAS, *, wait: float = STARTUP_DB_WAIT, sleep=time.sleep, clock=time.monotonic
+):
+    """``ask()``'s answer, a start-up question to the database: its passing failures (a restart, a terminated
+    backend) waited out with backoff for up to ``wait`` s, a refusal that needs a change of settings said at once."""
     deadline = clock() + wait
     delay = RETRY_FIRST
     while True:
         try:
-            missing = unapplied(alias)
-            break
+            return ask()
         except (OperationalError, InterfaceError) as exc:
             connections[alias].close()  # the next try connects afresh
             error = " ".join(str(exc).split())
@@ -61,8 +73,3 @@ def require_migrated(
             )
             sleep(min(delay, left))
             delay = min(delay * 2, RETRY_MAX)
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise CommandError(
-            f"the database has {len(missing)} unapplied migration(s) ({shown}): run `python manage.py migrate` first"
-        )

@@ -7,7 +7,7 @@ and admits a job only when it is exactly what the dispatcher sends. So these com
 connect to Redis, when asked for any queue or lane of a declared domain (no queue named: django-rq serves
 ``"default"``, which is then looked up the same way), and hand anything else to django-rq's own command unchanged.
 Django takes a command from the first app in INSTALLED_APPS that has it: ``dispatch_app`` comes before
-``django_rq`` (``dispatch_app.mounting_checks`` fails the checks otherwise).
+``django_rq`` (``dispatch_app.rq.checks`` fails the checks otherwise).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from importlib import import_module
 
 from django.core.management.base import BaseCommand, CommandError
 
-import dispatch_app.lanes as lanes
+import dispatch_app.domains.lanes as lanes
 from dispatch_app.domains import queue_names
 
 DJANGO_RQ_DEFAULT_QUEUE = "default"  # what django-rq's commands serve when no queue is named

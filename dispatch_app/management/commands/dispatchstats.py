@@ -1,4 +1,4 @@
-"""``manage.py dispatchstats [--json]``: the dashboard's numbers in the terminal (dispatch_app.ops.stats).
+"""``manage.py dispatchstats [--json]``: the dashboard's numbers in the terminal (dispatch_app.views.stats).
 
 Every text it prints came from PostgreSQL or Redis (domain names, worker hashes, dispatcher names, errors), and
 anyone who can write a worker hash can write terminal escape sequences: the table shows control characters as
@@ -12,9 +12,9 @@ import re
 
 from django.core.management.base import BaseCommand
 
-import dispatch_app.ops.board as board
+import dispatch_app.views.board as board
 from dispatch_app.models import ACTIVE_STATUSES
-from dispatch_app.ops.timeline import format_duration as fmt
+from dispatch_app.views.timeline import format_duration as fmt
 
 # C0 and C1 controls (ESC, BEL, CSI ...), DEL, and the line/paragraph separators and bidirectional overrides that
 # rearrange what a terminal shows.
@@ -64,7 +64,7 @@ def queue_usage(value: float | None) -> str:
 
 
 def in_rq(rq: dict) -> str:
-    """Jobs waiting in RQ, split by lane (dispatch_app.lanes): workers take the new ones first."""
+    """Jobs waiting in RQ, split by lane (dispatch_app.domains.lanes): workers take the new ones first."""
     lanes = rq.get("lanes")
     if not lanes:
         return str(rq.get("depth", "-"))
@@ -72,7 +72,7 @@ def in_rq(rq: dict) -> str:
 
 
 def rq_side(snap: dict) -> list[str]:
-    """The dashboard's alarms, the RQ side and the failures (ops.board), when the snapshot has them."""
+    """The dashboard's alarms, the RQ side and the failures (views.board), when the snapshot has them."""
     if "rq" not in snap:
         return []
     lines = ["", "alarms"]
@@ -210,7 +210,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output (the same numbers)")
 
     def handle(self, *args, **options):
-        import dispatch_app.worker.rqworker.health as health
+        import dispatch_app.rq.state.health as health
 
         snap = board.build()  # the dashboard's data: stats plus the RQ side, failures, pauses, alarms
         for d in snap["domains"].values():

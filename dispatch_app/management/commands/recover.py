@@ -16,13 +16,13 @@ import logging
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from dispatch_app.conf import dispatch_settings
+from dispatch_app.config.settings import dispatch_settings
+from dispatch_app.db.session_bounds import bound_sessions
 from dispatch_app.domains import domain_keys
 from dispatch_app.management.commands._args import SettingsErrorExit2
 from dispatch_app.management.commands._deployment import require_own_redis
 from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.runtime.default_logging import ensure_logging
-from dispatch_app.runtime.session_bounds import bound_sessions
 
 EXIT_BUSY = 3
 
@@ -52,7 +52,7 @@ class Command(SettingsErrorExit2, BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     def handle(self, *args, **options):
-        from dispatch_app.recovery.policy import resolve
+        from dispatch_app.domains.policy import resolve
         from dispatch_app.recovery.round import Round
 
         conf = dispatch_settings()

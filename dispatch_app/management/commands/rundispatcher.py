@@ -18,7 +18,8 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dispatch_app.conf import dispatch_settings
+from dispatch_app.config.settings import dispatch_settings
+from dispatch_app.db.session_bounds import bound_sessions
 from dispatch_app.management.commands._args import (
     SettingsErrorExit2,
     domain_list,
@@ -30,7 +31,6 @@ from dispatch_app.management.commands._args import (
 from dispatch_app.management.commands._deployment import require_own_redis
 from dispatch_app.management.commands._migrated import require_migrated
 from dispatch_app.runtime.default_logging import ensure_logging
-from dispatch_app.runtime.session_bounds import bound_sessions
 
 log = logging.getLogger("dispatch_app.rundispatcher")
 

@@ -3,19 +3,19 @@
 All domain queues by default (they must live on one Redis: with domains on their
 own servers, run one ``runworkers --queues ...`` per server), the JSON serializer and
 ``dispatch_app.rqworker.PipelineWorker`` always. The logic is in
-dispatch_app.worker.rqworker.runner.
+dispatch_app.rq.worker.launch.
 """
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from dispatch_app.db.session_bounds import bound_sessions
 from dispatch_app.management.commands._args import niceness, positive_int
 from dispatch_app.management.commands._deployment import require_own_redis
 from dispatch_app.management.commands._migrated import require_migrated
+from dispatch_app.rq.worker.launch import BadQueues, Plan, default_processes, one_server, parse_queues, run
 from dispatch_app.runtime.default_logging import ensure_logging
-from dispatch_app.runtime.session_bounds import bound_sessions
-from dispatch_app.worker.rqworker.runner import BadQueues, Plan, default_processes, one_server, parse_queues, run
 
 
 class Command(BaseCommand):

@@ -18,11 +18,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from dispatch_app.demo_payloads import demo_domain_keys
-from dispatch_app.latency import format_table, stage_latencies
+from dispatch_app.domains.demo_payloads import demo_domain_keys
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
 from dispatch_app.management.commands._migrated import require_migrated
-from dispatch_app.worker.rqworker.runner import default_processes
+from dispatch_app.rq.worker.launch import default_processes
+from dispatch_app.timeline.latency import format_table, stage_latencies
 from productflow.management.commands.loadgen import generate, progress_bar
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
@@ -101,7 +101,7 @@ class Command(BaseCommand):
         """Traffic starts once the dispatcher listens and the workers are registered."""
         from rq import Worker
 
-        from dispatch_app.dispatch.publisher import redis_connection
+        from dispatch_app.rq.publish import redis_connection
 
         deadline = time.monotonic() + timeout
         while True:

@@ -7,9 +7,9 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from dispatch_app.demo_payloads import demo_domain_keys, demo_payload
+from dispatch_app.domains.demo_payloads import demo_domain_keys, demo_payload
 from dispatch_app.management.commands._args import domain_list, positive_float, positive_int
-from dispatch_app.outbox import JobSpec, submit_many
+from dispatch_app.outbox.submit import JobSpec, submit_many
 
 
 def generate(count: int, domains: list[str], rate: float | None, progress=None, group: int = 50) -> tuple[int, int]:

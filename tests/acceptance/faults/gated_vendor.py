@@ -33,7 +33,7 @@ def _wait_for(path: Path, limit: float) -> None:
 
 
 def install() -> None:
-    from dispatch_app.providers import LocalProvider
+    from dispatch_app.domains.providers import LocalProvider
 
     gates = Path(os.environ["PF_GATE_DIR"])
     if os.environ.get("PF_GATE_VENDOR"):

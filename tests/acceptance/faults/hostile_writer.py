@@ -31,7 +31,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 CANARY = "tests.canary.touch"
-# The deployment's namespace, as anyone reading its Redis sees it in the ids there (dispatch_app.rq_ids).
+# The deployment's namespace, as anyone reading its Redis sees it in the ids there (dispatch_app.rq.ids).
 NAMESPACE = os.environ["PF_NAMESPACE"]
 
 

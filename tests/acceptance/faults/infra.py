@@ -200,8 +200,8 @@ class Stack:
 
     def rq_job_id(self, job_id: int, attempt: int) -> str:
         """The RQ id this stack's processes give an attempt (their namespace is their database's)."""
-        from dispatch_app.deployment import IDENTITY_SQL, derived
-        from dispatch_app.rq_ids import rq_job_id
+        from dispatch_app.rq.deployment import IDENTITY_SQL, derived
+        from dispatch_app.rq.ids import rq_job_id
 
         return rq_job_id(job_id, attempt, ns=derived(*self.sql(IDENTITY_SQL)[0]))
 

@@ -17,10 +17,10 @@ def main() -> None:
     django.setup()
     from django.db import close_old_connections
 
-    from dispatch_app.outbox import JobSpec, submit_many
+    from dispatch_app.outbox.submit import JobSpec, submit_many
 
     def payload(domain: str, prefix: str, index: int) -> dict:
-        from dispatch_app.demo_payloads import demo_payload
+        from dispatch_app.domains.demo_payloads import demo_payload
 
         if domain == "delivery":
             return {"asset": f"{prefix}-{index}", "target": f"https://target.example.invalid/{prefix}/{index}"}

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from dispatch_app.demo_payloads import demo_domain_keys
 from dispatch_app.domains import get_domain
+from dispatch_app.domains.demo_payloads import demo_domain_keys
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 

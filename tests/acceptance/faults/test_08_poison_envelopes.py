@@ -22,7 +22,7 @@ from django.urls import reverse
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120), pytest.mark.version_dependent]
 
 
 def test_poison_is_dead_lettered_with_its_reason_and_the_batch_continues(shared_stack, django_user_model):

@@ -19,7 +19,7 @@ import statistics
 
 import pytest
 
-from dispatch_app.demo_payloads import demo_domain_keys
+from dispatch_app.domains.demo_payloads import demo_domain_keys
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 from tests.helpers import wait_until

@@ -107,7 +107,7 @@ def test_calls_the_vendor_never_answers_end_outcome_unknown_after_the_trust_boun
     errors = dict(stack.sql("SELECT id, error FROM dispatch_app_job WHERE id = ANY(%s)", [jobs]))
     for job_id in jobs:
         assert f"past the {TRUST}s trust bound (VENDOR_EVIDENCE_TRUST_SECONDS)" in errors[job_id], errors[job_id]
-    from dispatch_app.ops.timeline import build
+    from dispatch_app.views.timeline import build
 
     for job_id in jobs:
         shown = [e for e in build(job_id).entries if e.label == "recovery_outcome_unknown"]

@@ -68,7 +68,7 @@ def test_no_vendor_call_that_took_effect_is_repeated(private_redis_stack):
         return stack.worker(*QUEUES, name="worker", **env)  # the project's worker (runworkers, one process)
 
     workers = [start_worker() for _ in range(2)]
-    from dispatch_app.outbox import JobSpec, submit_many
+    from dispatch_app.outbox.submit import JobSpec, submit_many
 
     specs = [JobSpec(domain, make(i)) for domain, (count, make) in LOAD.items() for i in range(count)]
     random.Random(SEED).shuffle(specs)

@@ -16,7 +16,7 @@ no non-retry-safe vendor call taking effect twice):
   one recovery period + margin of the kill (database clock), by its
   successor's start or by its job's conclusion. The killed workers' RQ hashes
   still say "alive" for 60 s: the bound holds only because their PostgreSQL
-  sessions say "dead" at once (dispatch_app.liveness).
+  sessions say "dead" at once (dispatch_app.db.liveness).
 
 VENDOR_EVIDENCE_TRUST_SECONDS is below the stale threshold: an askable call the
 vendor still calls "pending" (its worker died mid-call, so it stays pending) is
@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from dispatch_app.tuning import RECOVERY_SPREAD_SHARE
+from dispatch_app.config.tuning import RECOVERY_SPREAD_SHARE
 from tests.acceptance.faults import invariants, vendor_ledger
 from tests.acceptance.faults.infra import record_figures
 from tests.helpers import wait_until

@@ -16,7 +16,7 @@ import time
 import pytest
 from django.db import connection
 
-from dispatch_app.ops import board, stats
+from dispatch_app.views import board, stats
 from tests.acceptance.faults.infra import record_figures
 from tests.helpers import wait_until
 

@@ -4,7 +4,7 @@ Before anything starts, STALE_PER_DOMAIN jobs per domain sit ``queued`` an hour
 ago with their RQ jobs gone (what a long Redis outage leaves). Then scenario
 40's stack, load and seeded fault schedule (kill -9 dispatchers and workers,
 terminate the app's backends, restart Redis empty) run while recovery works
-the storm off through the domains' recovery lanes (``dispatch_app.lanes``).
+the storm off through the domains' recovery lanes (``dispatch_app.domains.lanes``).
 
 Checked: none lost, one envelope per attempt, at most one execution per
 attempt, no vendor call of a non-retry-safe domain repeated; every stale job
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from dispatch_app.conf import SPECS
+from dispatch_app.config.settings import SPECS
 from tests.acceptance.faults import invariants, vendor_ledger
 from tests.acceptance.faults.infra import record_figures
 from tests.acceptance.faults.test_11_recovery_herd import PAYLOAD_SQL

@@ -24,10 +24,10 @@ import time
 import pytest
 import redis
 
-from dispatch_app import lanes
-from dispatch_app.deployment import namespace
-from dispatch_app.ops import board
-from dispatch_app.worker.rqworker import admission
+from dispatch_app.domains import lanes
+from dispatch_app.rq.deployment import namespace
+from dispatch_app.rq.worker import admission
+from dispatch_app.views import board
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 from tests.canary import CANARY_ENV
@@ -93,7 +93,7 @@ def test_a_hostile_redis_writer_runs_nothing_and_real_jobs_finish_once(shared_st
         timeout=30,
         message="the late worker's maintenance dropped every unreadable hash and failed every abandoned forgery",
     )
-    # A worker given a domain queue listens on its lanes too (dispatch_app.lanes).
+    # A worker given a domain queue listens on its lanes too (dispatch_app.domains.lanes).
     taken_by_workers = {lane for q in _served(workers) for lane in (lanes.queues(q) if q in DOMAINS else (q,))}
     wait_until(
         lambda: stack.check_alive() or all(conn.llen(f"rq:queue:{q}") == 0 for q in taken_by_workers),
@@ -116,7 +116,7 @@ def test_a_hostile_redis_writer_runs_nothing_and_real_jobs_finish_once(shared_st
     assert sorted(r[0] for r in untouched) == sorted([ahead, other])
 
     # Every forged job a worker took was refused and counted where the dashboard reads it: the two named with
-    # the dispatcher's ids too, unsigned (dispatch_app.rq_ids), before anything of them was read or run.
+    # the dispatcher's ids too, unsigned (dispatch_app.rq.ids), before anything of them was read or run.
     totals = admission.totals(conn)
     expected = sum(written.values()) - left
     assert totals["count"] == expected, (totals, written, left)

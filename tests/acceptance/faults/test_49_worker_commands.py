@@ -22,8 +22,8 @@ import redis
 from rq import Callback, Queue
 from rq.serializers import JSONSerializer
 
-from dispatch_app import lanes
-from dispatch_app.worker.rqworker import admission
+from dispatch_app.domains import lanes
+from dispatch_app.rq.worker import admission
 from tests.acceptance.faults.infra import SITE_DIR, record_figures
 from tests.canary import CANARY_ENV
 from tests.helpers import MANAGE, PYTHON, ROOT

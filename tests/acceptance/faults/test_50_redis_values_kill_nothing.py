@@ -25,8 +25,9 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from dispatch_app import lanes, rq_internals
-from dispatch_app.worker.rqworker import admission
+from dispatch_app.domains import lanes
+from dispatch_app.rq import internals as rq_internals
+from dispatch_app.rq.worker import admission
 from tests.acceptance.faults import invariants
 from tests.acceptance.faults.infra import record_figures
 from tests.acceptance.faults.test_47_hostile_redis_writer import DOMAINS, PAYLOADS

@@ -28,7 +28,7 @@ DELIVERY = {"asset": "a-1", "target": "https://target.example.invalid/1"}
 
 
 def _namespace(stack: Stack) -> str:
-    """The deployment's namespace as its processes derive it from their database (dispatch_app.deployment)."""
+    """The deployment's namespace as its processes derive it from their database (dispatch_app.rq.deployment)."""
     return stack.rq_job_id(1, 1).split("-")[1]
 
 

@@ -26,7 +26,12 @@ from django.test import Client
 from dispatch_app.models import DispatchEnvelope, Job
 from tests.helpers import MANAGE, PYTHON, ROOT
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.timeout(180),
+    pytest.mark.version_dependent,
+    pytest.mark.path_dependent,
+]
 
 
 # --- a planted pickle job ------------------------------------------------------
@@ -97,7 +102,7 @@ JOBS = "/admin/dispatch_app/job/"
 
 @pytest.mark.django_db(transaction=True)
 def test_admin_needs_staff_and_the_specific_permission_and_acts_through_the_outbox(redis_conn):
-    from dispatch_app.outbox import submit
+    from dispatch_app.outbox.submit import submit
 
     job = submit("delivery", {"asset": "a-1", "target": "https://t.example.invalid/1"})
     # Stuck in RQ: dispatched, queued, its RQ job gone.
@@ -202,7 +207,7 @@ def test_every_command_rejects_bad_arguments_with_exit_code_2(subprocess_env):
     ids=["domain", "not-object", "missing", "type", "unknown-field", "nan", "object", "bool", "oversized"],
 )
 def test_submit_rejects_bad_input_and_writes_nothing(domain, payload, message):
-    from dispatch_app.outbox import JobSpec, submit_many
+    from dispatch_app.outbox.submit import JobSpec, submit_many
 
     good = JobSpec("delivery", {"asset": "a", "target": "t"})
     with pytest.raises(ValidationError) as refused:

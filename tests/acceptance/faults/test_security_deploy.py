@@ -18,7 +18,12 @@ import pytest
 
 from tests.helpers import MANAGE, PYTHON, ROOT
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.timeout(180),
+    pytest.mark.version_dependent,
+    pytest.mark.path_dependent,
+]
 
 
 # --- production settings -----------------------------------------------------

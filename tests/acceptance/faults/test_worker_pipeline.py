@@ -26,11 +26,11 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.worker import Worker
 
 from dispatch_app.recovery.evidence import rq_job_status, worker_alive
-from dispatch_app.rq_ids import rq_job_id
-from dispatch_app.worker.rqworker import health
+from dispatch_app.rq.ids import rq_job_id
+from dispatch_app.rq.state import health
 from tests.helpers import MANAGE, PYTHON, ROOT, wait_until
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180), pytest.mark.version_dependent]
 
 FAST_BEAT = {"DISPATCH_WORKER_HEARTBEAT_INTERVAL": 0.5}  # the worker hash expires 3 s after a kill
 
@@ -98,7 +98,7 @@ def test_kill_9_mid_job_leaves_true_registries_and_dead_worker_evidence(private_
     # the dead worker gone from RQ's worker set, its execution failed by RQ's own cleanup after its TTL.
     finished = FinishedJobRegistry("delivery", connection=conn).get_job_ids()
     assert sorted(finished) == sorted(rq_job_id(j, 1) for j in others)
-    # The re-dispatched attempt went through the recovery lane (dispatch_app.lanes) and finished there.
+    # The re-dispatched attempt went through the recovery lane (dispatch_app.domains.lanes) and finished there.
     assert FinishedJobRegistry("delivery.recovery", connection=conn).get_job_ids() == [rq_job_id(running, 2)]
     for lane in ("delivery", "delivery.recovery"):
         assert conn.llen(f"rq:queue:{lane}") == 0 and conn.llen(f"rq:queue:{lane}:intermediate") == 0
@@ -237,12 +237,12 @@ def test_the_dashboard_and_rq_info_list_the_worker_and_its_jobs(shared_stack, re
     assert (seen.name, seen.get_state(), seen.queue_names(), seen.get_current_job_id()) == (
         name,
         "busy",
-        ["delivery", "delivery.recovery"],  # a domain queue brings its recovery lane (dispatch_app.lanes)
+        ["delivery", "delivery.recovery"],  # a domain queue brings its recovery lane (dispatch_app.domains.lanes)
         rq_id,
     )
 
     # The operators' view of RQ is the project's dashboard (django-rq's own views are not mounted: they read
-    # hashes with pickle, tests/integration/test_admin_no_pickle.py).
+    # hashes with pickle, tests/integration/admin/test_admin_no_pickle.py).
     client.force_login(User.objects.create_superuser("rq-admin", password="not-a-secret-pw-123"))
     data_url = reverse("admin:dispatch_app_dashboard_json")
 

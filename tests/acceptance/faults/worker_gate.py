@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def install() -> None:
-    from dispatch_app.providers import LocalProvider
+    from dispatch_app.domains.providers import LocalProvider
 
     gate = Path(os.environ["PF_WORKER_GATE"])
     real = LocalProvider.deliver

@@ -1,0 +1,1 @@
+"""Configuration: the DISPATCH settings and the rules between them, the measured tuning constants, failpoints."""

@@ -1,0 +1,1 @@
+"""What operators read: the dashboard, the numbers, alarms, blockers, a job's timeline. Nothing here writes."""
